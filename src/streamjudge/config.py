@@ -1,0 +1,272 @@
+"""Settings: environment variables -> one typed, immutable object.
+
+This is the only module that reads ``os.environ`` for streamjudge's own options. Standard ``OTEL_*``
+variables are read by the OpenTelemetry SDK itself; judge-LLM settings (``EVAL_*``) are parsed here too so
+that every option has one documented place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from streamjudge import semconv
+
+Action = Literal["flag", "regenerate", "stop"]
+Mode = Literal["stream_first", "hold_back"]
+PreflightAction = Literal["none", "warn", "skip_checks", "stop"]
+
+_ACTIONS: tuple[str, ...] = ("flag", "regenerate", "stop")
+_MODES: tuple[str, ...] = ("stream_first", "hold_back")
+_PREFLIGHT_ACTIONS: tuple[str, ...] = ("none", "warn", "skip_checks", "stop")
+
+DEFAULT_FALLBACK = (
+    "I'm not confident the rest of this answer is supported by the sources, so I stopped here."
+)
+DEFAULT_REGENERATE_INSTRUCTION = (
+    "Continue the answer using only facts stated in the provided context. Do not add names, numbers, "
+    "dates or events that the context does not contain; say so if the context does not cover something."
+)
+
+
+class ConfigError(ValueError):
+    """An option has a value streamjudge cannot use. The message names the variable and what is allowed."""
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeLLMSettings:
+    """Where an LLM judge sends its calls. Independent of the application's own LLM."""
+
+    provider: str | None = None  # "openai" | "openai_compatible" | "anthropic"
+    model: str | None = None
+    base_url: str | None = None
+    api_key: str | None = dataclasses.field(default=None, repr=False)  # never printed
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """All streamjudge options. Build with :func:`load_settings` (env) or directly (code)."""
+
+    # which judge scores checkpoints (fast tier) and the final answer (record of truth)
+    judge: str = "local"
+    checkpoint_judge: str | None = None  # falls back to ``judge``
+    # a score below its threshold fails; ``thresholds`` overrides per metric
+    threshold: float = 0.5
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+    action: Action = "flag"
+    mode: Mode = "stream_first"
+    max_regenerations: int = 1
+    fallback_message: str = DEFAULT_FALLBACK
+    regenerate_instruction: str = DEFAULT_REGENERATE_INSTRUCTION
+    # checkpoint window: close a checkpoint after N sentences or M characters, whichever first;
+    # ``checkpoint_every`` > 0 instead closes one at every N-th sentence regardless of length
+    window_sentences: int = 2
+    window_chars: int = 200
+    checkpoint_every: int = 0
+    checkpoint_metrics: tuple[str, ...] = (semconv.FAITHFULNESS,)
+    final_metrics: tuple[str, ...] = (
+        semconv.FAITHFULNESS,
+        semconv.ANSWER_RELEVANCY,
+        semconv.CONTEXT_PRECISION,
+        semconv.CONTEXT_RECALL,
+    )
+    # pre-flight gate on the retrieved contexts, before the first token
+    preflight: bool = True
+    preflight_threshold: float = 0.2
+    preflight_action: PreflightAction = "warn"
+    preflight_wait_s: float = 0.05
+    final_reconcile: bool = True
+    # how long the guard waits at end of stream for verdicts still in flight (off the token path)
+    end_wait_s: float = 2.0
+    # judge pool
+    sample_rate: float = 1.0
+    concurrency: int = 4
+    queue_size: int = 256
+    judge_timeout_s: float = 30.0
+    max_retries: int = 2
+    retry_backoff_s: float = 0.2
+    per_stream_budget: int = 64
+    global_budget_per_minute: int = 0  # 0 = unlimited
+    hold_timeout_s: float = 60.0  # longest a judged span is held for its scores before export
+    # content capture: off -> spans carry length + sha256 instead of the text
+    capture_content: bool = True
+    # LangGraph / streaming instrumentation
+    answer_nodes: tuple[str, ...] = ("generate",)
+    sse_token_field: str | None = None  # JSON path (dot separated) of the token in SSE data payloads
+    # judge LLMs (final pass, and a cheaper one for checkpoints that falls back to it)
+    eval_llm: JudgeLLMSettings = field(default_factory=JudgeLLMSettings)
+    checkpoint_llm: JudgeLLMSettings = field(default_factory=JudgeLLMSettings)
+
+    def __post_init__(self) -> None:
+        if self.action not in _ACTIONS:
+            raise ConfigError(f"action must be one of {_ACTIONS}, got {self.action!r}")
+        if self.mode not in _MODES:
+            raise ConfigError(f"mode must be one of {_MODES}, got {self.mode!r}")
+        if self.preflight_action not in _PREFLIGHT_ACTIONS:
+            raise ConfigError(
+                f"preflight_action must be one of {_PREFLIGHT_ACTIONS}, got {self.preflight_action!r}"
+            )
+        for name in ("threshold", "sample_rate", "preflight_threshold"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ConfigError(f"{name} must be within [0, 1], got {v!r}")
+        for name in ("concurrency", "queue_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.window_sentences < 1 or self.window_chars < 1:
+            raise ConfigError("window_sentences and window_chars must be >= 1")
+
+    @property
+    def checkpoint_judge_name(self) -> str:
+        """The judge for checkpoints (the fast tier); ``judge`` when not set separately."""
+        return self.checkpoint_judge or self.judge
+
+    def threshold_for(self, metric: str) -> float:
+        """The pass threshold of ``metric``."""
+        return self.thresholds.get(metric, self.threshold)
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+# --- environment parsing ---------------------------------------------------------------------------
+
+_PREFIX = "STREAMJUDGE_"
+
+
+def _bool(var: str, raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{var}={raw!r}: expected true/false")
+
+
+def _float(var: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r}: expected a number") from None
+
+
+def _int(var: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r}: expected an integer") from None
+
+
+def _csv(raw: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+def _thresholds(var: str, raw: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in _csv(raw):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise ConfigError(f"{var}: expected metric=value pairs, got {part!r}")
+        out[name.strip()] = _float(var, value.strip())
+    return out
+
+
+# field name -> (env suffix, parser)
+_ENV_FIELDS: dict[str, tuple[str, Any]] = {
+    "judge": ("JUDGE", None),
+    "checkpoint_judge": ("CHECKPOINT_JUDGE", None),
+    "threshold": ("THRESHOLD", _float),
+    "thresholds": ("THRESHOLDS", _thresholds),
+    "action": ("ACTION", None),
+    "mode": ("MODE", None),
+    "max_regenerations": ("MAX_REGENERATIONS", _int),
+    "fallback_message": ("FALLBACK_MESSAGE", None),
+    "window_sentences": ("CHECKPOINT_SENTENCES", _int),
+    "window_chars": ("CHECKPOINT_CHARS", _int),
+    "checkpoint_every": ("CHECKPOINT_EVERY", _int),
+    "checkpoint_metrics": ("CHECKPOINT_METRICS", "csv"),
+    "final_metrics": ("FINAL_METRICS", "csv"),
+    "preflight": ("PREFLIGHT", _bool),
+    "preflight_threshold": ("PREFLIGHT_THRESHOLD", _float),
+    "preflight_action": ("PREFLIGHT_ACTION", None),
+    "preflight_wait_s": ("PREFLIGHT_WAIT", _float),
+    "final_reconcile": ("FINAL_RECONCILE", _bool),
+    "end_wait_s": ("END_WAIT", _float),
+    "sample_rate": ("SAMPLE_RATE", _float),
+    "concurrency": ("CONCURRENCY", _int),
+    "queue_size": ("QUEUE_SIZE", _int),
+    "judge_timeout_s": ("JUDGE_TIMEOUT", _float),
+    "max_retries": ("MAX_RETRIES", _int),
+    "retry_backoff_s": ("RETRY_BACKOFF", _float),
+    "per_stream_budget": ("STREAM_BUDGET", _int),
+    "global_budget_per_minute": ("GLOBAL_BUDGET_PER_MINUTE", _int),
+    "hold_timeout_s": ("HOLD_TIMEOUT", _float),
+    "capture_content": ("CAPTURE_CONTENT", _bool),
+    "answer_nodes": ("ANSWER_NODES", "csv"),
+    "sse_token_field": ("SSE_TOKEN_FIELD", None),
+}
+
+
+def _llm_settings(env: Mapping[str, str], prefix: str, fallback: JudgeLLMSettings | None) -> JudgeLLMSettings:
+    def get(name: str) -> str | None:
+        v = env.get(f"{prefix}{name}")
+        return v if v else None
+
+    base = fallback or JudgeLLMSettings()
+    timeout_raw = get("TIMEOUT")
+    return JudgeLLMSettings(
+        provider=get("PROVIDER") or base.provider,
+        model=get("MODEL") or base.model,
+        base_url=get("BASE_URL") or base.base_url,
+        api_key=get("API_KEY") or base.api_key,
+        timeout_s=_float(f"{prefix}TIMEOUT", timeout_raw) if timeout_raw else base.timeout_s,
+    )
+
+
+def _app_llm_fallback(env: Mapping[str, str]) -> JudgeLLMSettings:
+    """The application's own LLM settings, used for judging only when no ``EVAL_*`` setting exists."""
+    if env.get("ANTHROPIC_API_KEY") and not env.get("OPENAI_API_KEY"):
+        return JudgeLLMSettings(provider="anthropic", api_key=env.get("ANTHROPIC_API_KEY"),
+                                base_url=env.get("ANTHROPIC_BASE_URL") or None)
+    if env.get("OPENAI_API_KEY") or env.get("OPENAI_BASE_URL"):
+        return JudgeLLMSettings(provider="openai", api_key=env.get("OPENAI_API_KEY"),
+                                base_url=env.get("OPENAI_BASE_URL") or None,
+                                model=env.get("OPENAI_MODEL") or None)
+    return JudgeLLMSettings()
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Read ``STREAMJUDGE_*`` and ``EVAL_*`` variables from ``env`` (default ``os.environ``).
+
+    Keyword ``overrides`` win over the environment. Raises :class:`ConfigError` naming the variable
+    when a value cannot be used.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for fname, (suffix, parser) in _ENV_FIELDS.items():
+        var = _PREFIX + suffix
+        raw = env.get(var)
+        if raw is None or raw == "":
+            continue
+        if parser is None:
+            values[fname] = raw.strip()
+        elif parser == "csv":
+            values[fname] = _csv(raw)
+        else:
+            values[fname] = parser(var, raw)
+    if "eval_llm" not in overrides:
+        app = _app_llm_fallback(env)
+        values["eval_llm"] = _llm_settings(env, "EVAL_", app)
+    if "checkpoint_llm" not in overrides:
+        final = overrides.get("eval_llm", values.get("eval_llm"))
+        values["checkpoint_llm"] = _llm_settings(env, "EVAL_CHECKPOINT_", final)
+    values.update(overrides)
+    try:
+        return Settings(**values)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None

@@ -1,0 +1,1 @@
+"""Where evaluation results go: span enrichment, log events, Langfuse and Phoenix bridges."""

@@ -1,0 +1,55 @@
+"""The contract between the processor and the places evaluation results go (Langfuse, Phoenix, console).
+
+The processor calls :meth:`EvaluationSink.emit` from the judge pool's thread for every judged span. A sink
+must return at once (queue and send in the background), must never raise into the caller and must never
+block the pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from streamjudge.judging.base import Score, Usage
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluationRecord:
+    """Results of one judgement, addressed to the span they judge."""
+
+    trace_id: int
+    span_id: int
+    span_name: str
+    span_type: str  # semconv.SPAN_TYPE_STREAM / SPAN_TYPE_CHECKPOINT
+    judge: str
+    scores: tuple[Score, ...]
+    timestamp_ns: int
+    usage: Usage = field(default_factory=Usage)
+    attributes: dict[str, str | int | float | bool] = field(default_factory=dict)
+
+    @property
+    def trace_id_hex(self) -> str:
+        """The W3C (32 hex digits) form of the trace id."""
+        return format(self.trace_id, "032x")
+
+    @property
+    def span_id_hex(self) -> str:
+        """The W3C (16 hex digits) form of the span id."""
+        return format(self.span_id, "016x")
+
+
+@runtime_checkable
+class EvaluationSink(Protocol):
+    """Receives evaluation results. Implementations never block and never raise."""
+
+    def emit(self, record: EvaluationRecord) -> None:
+        """Queue ``record`` for delivery."""
+        ...
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Deliver everything queued; return False if the deadline passed first."""
+        ...
+
+    def shutdown(self) -> None:
+        """Flush and release resources."""
+        ...

@@ -1,0 +1,46 @@
+"""Judge registry: a judge name from the settings -> a judge instance.
+
+Framework judges (ragas, deepeval) and LLM clients are imported only when asked for, so a missing or
+broken optional package never breaks an application that does not use it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Literal
+
+from streamjudge.config import ConfigError, Settings
+from streamjudge.judging.base import Judge
+
+Tier = Literal["checkpoint", "final"]
+
+_BUILTIN: dict[str, str] = {
+    "local": "streamjudge.judging.judges.local:LocalJudge",
+    "llm": "streamjudge.judging.judges.llm:LLMJudge",
+    "ragas": "streamjudge.judging.judges.ragas:RagasJudge",
+    "deepeval": "streamjudge.judging.judges.deepeval:DeepEvalJudge",
+}
+
+
+def create_judge(name: str, settings: Settings, *, tier: Tier = "final") -> Judge:
+    """Build the judge called ``name`` (``local``, ``llm``, ``ragas``, ``deepeval`` or ``module:Class``).
+
+    Each judge class is constructed as ``cls.from_settings(settings, tier=tier)`` when it has that
+    classmethod, else ``cls()``.
+    """
+    target = _BUILTIN.get(name, name)
+    module_name, sep, attr = target.partition(":")
+    if not sep:
+        raise ConfigError(
+            f"unknown judge {name!r}: use one of {sorted(_BUILTIN)} or 'package.module:ClassName'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        extra = name if name in ("ragas", "deepeval", "llm") else None
+        hint = f" (install it with: pip install 'streamjudge[{extra}]')" if extra else ""
+        raise ConfigError(f"judge {name!r} cannot be imported: {exc}{hint}") from exc
+    cls = getattr(module, attr)
+    factory = getattr(cls, "from_settings", None)
+    judge: Judge = factory(settings, tier=tier) if factory is not None else cls()
+    return judge

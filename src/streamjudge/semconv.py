@@ -1,0 +1,127 @@
+"""Attribute, event, span and metric names used by streamjudge.
+
+Every name streamjudge writes onto telemetry lives here, so the rest of the code imports a constant
+instead of repeating a string. The ``gen_ai.evaluation.*`` names follow the OpenTelemetry GenAI
+semantic conventions for evaluation results; the ``streamjudge.*`` names are ours.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- span names ----------------------------------------------------------------------------------
+SPAN_STREAM: Final = "streamjudge.stream"
+SPAN_CHECKPOINT: Final = "streamjudge.checkpoint"
+SPAN_EVALUATOR: Final = "streamjudge.evaluate"
+SPAN_NODE_PREFIX: Final = "langgraph.node"
+
+# --- what kind of span this is (drives the processor's routing) -----------------------------------
+SPAN_TYPE: Final = "streamjudge.span.type"
+SPAN_TYPE_STREAM: Final = "stream"
+SPAN_TYPE_CHECKPOINT: Final = "checkpoint"
+SPAN_TYPE_EVALUATOR: Final = "evaluator"
+SPAN_TYPE_NODE: Final = "node"
+
+# --- stream span ---------------------------------------------------------------------------------
+STREAM_ID: Final = "streamjudge.stream.id"
+STREAM_TTFT_MS: Final = "streamjudge.stream.time_to_first_token_ms"
+STREAM_TOKENS: Final = "streamjudge.stream.tokens"
+STREAM_CHARS: Final = "streamjudge.stream.chars"
+STREAM_CHECKPOINTS: Final = "streamjudge.stream.checkpoints"
+STREAM_ALERTS: Final = "streamjudge.stream.alerts"
+STREAM_VERDICT: Final = "streamjudge.stream.verdict"
+STREAM_ACTION: Final = "streamjudge.stream.action"
+STREAM_MODE: Final = "streamjudge.stream.mode"
+STREAM_REGENERATIONS: Final = "streamjudge.stream.regenerations"
+STREAM_OUTCOME: Final = "streamjudge.stream.outcome"  # completed / disconnected / error / stopped
+STREAM_SKIPPED_TOKENS: Final = "streamjudge.stream.skipped_tokens"
+STREAM_QUESTION: Final = "streamjudge.question"
+STREAM_ANSWER: Final = "streamjudge.answer"
+STREAM_ANSWER_LENGTH: Final = "streamjudge.answer.length"
+STREAM_ANSWER_SHA256: Final = "streamjudge.answer.sha256"
+STREAM_CONTEXT_COUNT: Final = "streamjudge.contexts.count"
+PREFLIGHT_SCORE: Final = "streamjudge.preflight.context_precision"
+PREFLIGHT_LABEL: Final = "streamjudge.preflight.label"
+PREFLIGHT_POLICY: Final = "streamjudge.preflight.policy"
+
+# --- checkpoint span -----------------------------------------------------------------------------
+CHECKPOINT_INDEX: Final = "streamjudge.checkpoint.index"
+CHECKPOINT_CHAR_START: Final = "streamjudge.checkpoint.char_start"
+CHECKPOINT_CHAR_END: Final = "streamjudge.checkpoint.char_end"
+CHECKPOINT_SENTENCES: Final = "streamjudge.checkpoint.sentences"
+CHECKPOINT_TEXT: Final = "streamjudge.checkpoint.text"  # running total text, never only the delta
+CHECKPOINT_TEXT_LENGTH: Final = "streamjudge.checkpoint.text.length"
+CHECKPOINT_TEXT_SHA256: Final = "streamjudge.checkpoint.text.sha256"
+CHECKPOINT_FINAL: Final = "streamjudge.checkpoint.final"
+
+# --- evaluation results (attributes on the judged span, or on the EVALUATOR span) -----------------
+EVAL_STATUS: Final = "streamjudge.eval.status"  # judged / dropped / timeout / error / sampled_out / ...
+EVAL_SKIP_REASON: Final = "streamjudge.eval.skip_reason"
+EVAL_JUDGE: Final = "streamjudge.eval.judge"
+EVAL_LATENCY_MS: Final = "streamjudge.eval.latency_ms"
+EVAL_ATTEMPTS: Final = "streamjudge.eval.attempts"
+EVAL_CALLS: Final = "streamjudge.eval.llm_calls"
+EVAL_INPUT_TOKENS: Final = "streamjudge.eval.input_tokens"
+EVAL_OUTPUT_TOKENS: Final = "streamjudge.eval.output_tokens"
+EVAL_COST_USD: Final = "streamjudge.eval.cost_usd"
+EVAL_PASSED: Final = "streamjudge.eval.passed"
+EVAL_TARGET_TRACE_ID: Final = "streamjudge.eval.target.trace_id"
+EVAL_TARGET_SPAN_ID: Final = "streamjudge.eval.target.span_id"
+
+
+def score_attribute(metric: str) -> str:
+    """Attribute holding the score of ``metric`` on a judged span (``streamjudge.eval.<metric>.score``)."""
+    return f"streamjudge.eval.{metric}.score"
+
+
+def label_attribute(metric: str) -> str:
+    """Attribute holding the pass/fail label of ``metric`` on a judged span."""
+    return f"streamjudge.eval.{metric}.label"
+
+
+# --- GenAI evaluation event (OpenTelemetry semantic conventions) ---------------------------------
+EVENT_EVALUATION_RESULT: Final = "gen_ai.evaluation.result"
+GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"
+GEN_AI_EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"
+GEN_AI_EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"
+GEN_AI_EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+ERROR_TYPE: Final = "error.type"
+
+# --- other events on the stream span -------------------------------------------------------------
+EVENT_FIRST_TOKEN: Final = "streamjudge.first_token"
+EVENT_ALERT: Final = "streamjudge.alert"
+EVENT_RETRACT: Final = "streamjudge.retract"
+EVENT_STOP: Final = "streamjudge.stop"
+EVENT_SKIP: Final = "streamjudge.skip"
+ALERT_METRIC: Final = "streamjudge.alert.metric"
+ALERT_SCORE: Final = "streamjudge.alert.score"
+ALERT_CHECKPOINT: Final = "streamjudge.alert.checkpoint"
+ALERT_CHAR_END: Final = "streamjudge.alert.char_end"
+SKIP_REASON: Final = "streamjudge.skip.reason"
+
+# --- LangGraph node spans ------------------------------------------------------------------------
+NODE_NAME: Final = "node"
+NODE_ELAPSED_MS: Final = "elapsed_ms"
+SESSION_ID: Final = "session.id"
+
+# --- metrics -------------------------------------------------------------------------------------
+METER_NAME: Final = "streamjudge"
+METRIC_SCORE: Final = "streamjudge.eval.score"
+METRIC_ALERTS: Final = "streamjudge.alerts"
+METRIC_JUDGE_DURATION: Final = "streamjudge.judge.duration"
+METRIC_QUEUE_DEPTH: Final = "streamjudge.judge.queue.depth"
+METRIC_DROPS: Final = "streamjudge.judge.drops"
+METRIC_JUDGE_ERRORS: Final = "streamjudge.judge.errors"
+METRIC_ATTR_EVALUATION: Final = "evaluation"
+METRIC_ATTR_REASON: Final = "reason"
+METRIC_ATTR_JUDGE: Final = "judge"
+
+# --- metric names used in scores -----------------------------------------------------------------
+FAITHFULNESS: Final = "faithfulness"
+ANSWER_RELEVANCY: Final = "answer_relevancy"
+CONTEXT_PRECISION: Final = "context_precision"
+CONTEXT_RECALL: Final = "context_recall"
+
+# --- instrumentation scope -----------------------------------------------------------------------
+TRACER_NAME: Final = "streamjudge"
