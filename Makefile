@@ -1,0 +1,47 @@
+# streamjudge — every target installs what it needs; heavy things are cached outside the repo.
+SHELL := /bin/bash
+PY ?= python3
+CACHE ?= $(HOME)/.cache/streamjudge
+VENV ?= $(CACHE)/venv
+BIN := $(VENV)/bin
+# the dependency set is re-installed only when pyproject.toml changes
+DEPS_STAMP := $(VENV)/.deps-$(shell sha256sum pyproject.toml | cut -c1-16)
+EXTRAS ?= dev,langgraph,fastapi,llm
+# mk/*.mk add their own prerequisites of `make test` to TEST_DEPS
+TEST_DEPS :=
+PYTEST_ARGS ?=
+
+.PHONY: install demo test unit lint typecheck bench clean-venv
+.DEFAULT_GOAL := demo
+
+-include mk/*.mk
+
+$(DEPS_STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
+	@rm -f $(VENV)/.deps-* && touch $@
+
+# the package itself is installed from *this* checkout every time (cheap), so a venv shared by two
+# clones never runs the other clone's code
+install: $(DEPS_STAMP)
+	@$(BIN)/pip install -q --no-deps -e . >/dev/null
+
+demo: install
+	$(BIN)/python -m streamjudge.demo
+
+test: install $(TEST_DEPS)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+unit: install
+	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/python benchmarks/run.py
+
+clean-venv:
+	rm -rf $(VENV)
