@@ -1,0 +1,100 @@
+"""Per-trace inputs of a judgement: the question, the retrieved contexts, an optional reference.
+
+Retrieval ends before generation starts, so the contexts are fixed for the whole stream. They are kept
+here once per trace (bounded, expiring) where the processor and the guard can reach them, instead of being
+copied onto every checkpoint span. Instrumentation registers; the processor and the guard read.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class TraceInputs:
+    """What is known about a trace's RAG inputs so far."""
+
+    question: str | None = None
+    contexts: tuple[str, ...] | None = None
+    reference: str | None = None
+    session_id: str | None = None
+
+
+class ContextStore:
+    """A thread-safe LRU of :class:`TraceInputs` by trace id, bounded in entries and age."""
+
+    def __init__(self, max_traces: int = 10_000, ttl_s: float = 900.0) -> None:
+        self._max = max_traces
+        self._ttl = ttl_s
+        self._lock = threading.Lock()
+        self._data: OrderedDict[int, tuple[float, TraceInputs]] = OrderedDict()
+
+    def register(
+        self,
+        trace_id: int,
+        *,
+        question: str | None = None,
+        contexts: Sequence[str] | None = None,
+        reference: str | None = None,
+        session_id: str | None = None,
+    ) -> TraceInputs:
+        """Record what is known for ``trace_id``; fields left ``None`` keep their earlier value.
+
+        Contexts registered twice (a retriever then a reranker) are replaced by the later list, which is
+        the one the generator saw.
+        """
+        now = time.monotonic()
+        with self._lock:
+            old = self._data.pop(trace_id, (now, TraceInputs()))[1]
+            new = replace(
+                old,
+                question=question if question is not None else old.question,
+                contexts=tuple(contexts) if contexts is not None else old.contexts,
+                reference=reference if reference is not None else old.reference,
+                session_id=session_id if session_id is not None else old.session_id,
+            )
+            self._data[trace_id] = (now, new)
+            self._evict(now)
+            return new
+
+    def get(self, trace_id: int) -> TraceInputs | None:
+        """The inputs of ``trace_id``, or None when unknown or expired."""
+        with self._lock:
+            item = self._data.get(trace_id)
+            if item is None:
+                return None
+            if time.monotonic() - item[0] > self._ttl:
+                del self._data[trace_id]
+                return None
+            return item[1]
+
+    def discard(self, trace_id: int) -> None:
+        """Forget ``trace_id``."""
+        with self._lock:
+            self._data.pop(trace_id, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._data)
+
+    def _evict(self, now: float) -> None:
+        while len(self._data) > self._max:
+            self._data.popitem(last=False)
+        # entries are in insertion (= registration time) order, so expired ones sit at the front
+        while self._data:
+            first = next(iter(self._data.values()))
+            if now - first[0] <= self._ttl:
+                break
+            self._data.popitem(last=False)
+
+
+_default = ContextStore()
+
+
+def default_store() -> ContextStore:
+    """The process-wide store used by instrumentation, the guard and the processor."""
+    return _default
