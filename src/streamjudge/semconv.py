@@ -112,9 +112,11 @@ METRIC_ALERTS: Final = "streamjudge.alerts"
 METRIC_JUDGE_DURATION: Final = "streamjudge.judge.duration"
 METRIC_QUEUE_DEPTH: Final = "streamjudge.judge.queue.depth"
 METRIC_DROPS: Final = "streamjudge.judge.drops"
+METRIC_EXPORT_DROPS: Final = "streamjudge.export.drops"  # results a sink (Langfuse, Phoenix) lost
 METRIC_JUDGE_ERRORS: Final = "streamjudge.judge.errors"
 METRIC_ATTR_EVALUATION: Final = "evaluation"
 METRIC_ATTR_REASON: Final = "reason"
+METRIC_ATTR_SINK: Final = "sink"
 METRIC_ATTR_JUDGE: Final = "judge"
 
 # --- metric names used in scores -----------------------------------------------------------------
