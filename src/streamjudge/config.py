@@ -45,6 +45,11 @@ class JudgeLLMSettings:
     base_url: str | None = None
     api_key: str | None = dataclasses.field(default=None, repr=False)  # never printed
     timeout_s: float = 30.0
+    # prices in USD per million tokens, for the cost in ``JudgeResult.usage`` (0 = unknown)
+    input_cost_per_mtok: float = 0.0
+    output_cost_per_mtok: float = 0.0
+    # embedding model on the same endpoint (ragas answer relevancy); None = the framework's default
+    embedding_model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,12 +224,19 @@ def _llm_settings(env: Mapping[str, str], prefix: str, fallback: JudgeLLMSetting
 
     base = fallback or JudgeLLMSettings()
     timeout_raw = get("TIMEOUT")
+    in_cost = get("INPUT_COST_PER_MTOK")
+    out_cost = get("OUTPUT_COST_PER_MTOK")
     return JudgeLLMSettings(
         provider=get("PROVIDER") or base.provider,
         model=get("MODEL") or base.model,
         base_url=get("BASE_URL") or base.base_url,
         api_key=get("API_KEY") or base.api_key,
         timeout_s=_float(f"{prefix}TIMEOUT", timeout_raw) if timeout_raw else base.timeout_s,
+        input_cost_per_mtok=_float(f"{prefix}INPUT_COST_PER_MTOK", in_cost) if in_cost
+        else base.input_cost_per_mtok,
+        output_cost_per_mtok=_float(f"{prefix}OUTPUT_COST_PER_MTOK", out_cost) if out_cost
+        else base.output_cost_per_mtok,
+        embedding_model=get("EMBEDDING_MODEL") or base.embedding_model,
     )
 
 
