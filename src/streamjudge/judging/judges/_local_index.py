@@ -1,0 +1,244 @@
+"""The searchable form of one set of contexts, and claim verification against it.
+
+A :class:`ContextIndex` is built once per contexts tuple (the contexts are fixed for a whole stream) and
+keeps a bounded cache of claim verdicts, so re-judging a growing running text costs only its new claims.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from streamjudge.judging.judges._local_text import (
+    MONTHS,
+    NUMBER_WORDS,
+    Facts,
+    Number,
+    Span,
+    analyze,
+    claims,
+    normalize,
+    sentences,
+    term,
+    word_keys,
+)
+
+# A claim is supported when all its hard facts (numbers, names, dates) occur in the contexts, its polarity
+# agrees with the context sentence that matches it best, and at least this share of its other content
+# words occur. 0.6 lets a paraphrase swap one word in three ("started" for "founded") and catches a claim
+# whose content is mostly new. Fixed a priori; not fitted to a benchmark.
+CONTENT_COVERAGE = 0.6
+# the postings of very common terms say little about which sentence a claim comes from; skip them so
+# sentence matching stays bounded on huge contexts
+_MAX_POSTINGS = 256
+_MAX_LOOKUP_TERMS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimVerdict:
+    """Whether one claim is grounded in the contexts, and if not, what is missing."""
+
+    supported: bool
+    filler: bool  # no checkable content ("Here is what I found."): counted neither way
+    missing: tuple[str, ...] = ()
+    negation_mismatch: bool = False
+    coverage: float = 1.0
+
+
+# a question asserts nothing: like filler, it counts neither way
+_QUESTION = ClaimVerdict(supported=True, filler=True)
+
+
+class ContextIndex:
+    """Words, numbers and sentences of a contexts tuple, with a claim-verdict cache. Thread-safe."""
+
+    def __init__(self, contexts: Sequence[str], *, claim_cache_size: int = 4096) -> None:
+        raw: set[str] = set()
+        keys: set[str] = set()
+        values: list[float] = []
+        self.context_keys: list[frozenset[str]] = []
+        self.sentence_keys: list[frozenset[str]] = []
+        self.sentence_negated: list[bool] = []
+        postings: dict[str, list[int]] = {}
+        for ctx in contexts:
+            text = normalize(ctx)
+            c_raw, c_keys = word_keys(text)
+            raw |= c_raw
+            keys |= c_keys
+            c_facts: set[str] = set()
+            for span in sentences(text):
+                facts = analyze(span.text, sentence_start=span.sentence_start)
+                values.extend(n.value for n in facts.numbers)
+                s_keys = fact_keys(facts)
+                c_facts |= s_keys
+                sid = len(self.sentence_keys)
+                self.sentence_keys.append(s_keys)
+                self.sentence_negated.append(facts.negated)
+                for k in s_keys:
+                    plist = postings.setdefault(k, [])
+                    if len(plist) <= _MAX_POSTINGS:
+                        plist.append(sid)
+            self.context_keys.append(frozenset(c_keys | c_raw | c_facts))
+        for w in raw:
+            if w in NUMBER_WORDS:
+                values.append(NUMBER_WORDS[w])
+        self.raw_words = frozenset(raw)
+        self.months = frozenset(w[:3] for w in raw if w in MONTHS)
+        self.keys = frozenset(keys)
+        self.numbers = sorted(set(values))
+        self._postings = postings
+        self._verdicts: OrderedDict[tuple[str, bool], tuple[tuple[str, ClaimVerdict], ...]] = OrderedDict()
+        self._cache_size = claim_cache_size
+        self._lock = threading.Lock()
+
+    @property
+    def empty(self) -> bool:
+        """True when the contexts hold no words or numbers at all."""
+        return not self.keys and not self.numbers
+
+    # --- facts ------------------------------------------------------------------------------------
+
+    def has_number(self, n: Number) -> bool:
+        """Whether a number equal to ``n`` (within its written precision) occurs in the contexts."""
+        tol = max(n.tolerance, abs(n.value) * 1e-9)
+        i = bisect.bisect_left(self.numbers, n.value - tol)
+        return i < len(self.numbers) and self.numbers[i] <= n.value + tol
+
+    def has_word(self, lower: str, key: str) -> bool:
+        """Whether a word (lowercase form or comparison key) occurs in the contexts."""
+        return lower in self.raw_words or key in self.keys
+
+    # --- claims -----------------------------------------------------------------------------------
+
+    def verify_sentence(self, span: Span) -> tuple[tuple[str, ClaimVerdict], ...]:
+        """The claims of one sentence with their verdicts, from the cache when the sentence was judged
+        before (a running text repeats all earlier sentences at every checkpoint). Questions and filler
+        come back with ``filler=True``."""
+        cache_key = (span.text, span.sentence_start)
+        with self._lock:
+            hit = self._verdicts.get(cache_key)
+            if hit is not None:
+                self._verdicts.move_to_end(cache_key)
+                return hit
+        result = tuple(
+            (c.text, _QUESTION if c.text.endswith("?") else self._verify(analyze(c.text, c.sentence_start)))
+            for c in claims(span)
+        )
+        with self._lock:
+            self._verdicts[cache_key] = result
+            if len(self._verdicts) > self._cache_size:
+                self._verdicts.popitem(last=False)
+        return result
+
+    def _verify(self, facts: Facts) -> ClaimVerdict:
+        if facts.meta_only:
+            return ClaimVerdict(supported=True, filler=True)
+        missing: list[str] = []
+        hard_miss = False
+        for surface, tokens in facts.entities:
+            if not all(self.has_word(t, term(t)) for t in tokens):
+                missing.append(surface)
+                hard_miss = True
+        for n in facts.numbers:
+            if not self.has_number(n):
+                missing.append(n.surface)
+                hard_miss = True
+        for short, surface in facts.dates:
+            if short not in self.months:
+                missing.append(surface)
+                hard_miss = True
+        found = 0
+        for key, surface in facts.terms:
+            if key in self.keys or surface.lower() in self.raw_words:
+                found += 1
+            else:
+                missing.append(surface)
+        coverage = found / len(facts.terms) if facts.terms else 1.0
+        negation_mismatch = self._negation_mismatch(facts)
+        supported = not hard_miss and not negation_mismatch and coverage >= CONTENT_COVERAGE
+        return ClaimVerdict(
+            supported=supported,
+            filler=False,
+            missing=tuple(dict.fromkeys(missing)),
+            negation_mismatch=negation_mismatch,
+            coverage=coverage,
+        )
+
+    def _negation_mismatch(self, facts: Facts) -> bool:
+        """True when the context sentences that best match the claim have the opposite polarity.
+
+        Only claims that clearly come from one context sentence (half their facts, at least two) are
+        checked: "was not founded" against "was founded" is a contradiction, a loosely related negative
+        sentence elsewhere is not.
+        """
+        claim_keys = fact_keys(facts)
+        if len(claim_keys) < 2:
+            return False
+        ranked = sorted(
+            (k for k in claim_keys if k in self._postings),
+            key=lambda k: (len(self._postings[k]), k),
+        )[:_MAX_LOOKUP_TERMS]
+        counts: dict[int, int] = {}
+        for k in ranked:
+            for sid in self._postings[k]:
+                counts[sid] = counts.get(sid, 0) + 1
+        if not counts:
+            return False
+        best_same = best_opp = 0
+        for sid in counts:
+            overlap = len(claim_keys & self.sentence_keys[sid])
+            if self.sentence_negated[sid] == facts.negated:
+                best_same = max(best_same, overlap)
+            else:
+                best_opp = max(best_opp, overlap)
+        needed = max(2, (len(claim_keys) + 1) // 2)
+        return best_opp >= needed and best_opp > best_same
+
+
+def fact_keys(facts: Facts) -> frozenset[str]:
+    """Comparable keys of a text's facts: content-word keys, names' words, ``#number``, ``@month``."""
+    keys = {k for k, _ in facts.terms}
+    keys.update(f"#{n.value:g}" for n in facts.numbers)
+    keys.update(t for _, tokens in facts.entities for t in tokens)
+    keys.update(f"@{short}" for short, _ in facts.dates)
+    return frozenset(keys)
+
+
+class IndexCache:
+    """A small thread-safe LRU of :class:`ContextIndex` by contexts tuple."""
+
+    def __init__(self, size: int = 32, claim_cache_size: int = 4096) -> None:
+        self._size = max(1, size)
+        self._claim_cache_size = claim_cache_size
+        self._lock = threading.Lock()
+        self._data: OrderedDict[tuple[str, ...], ContextIndex] = OrderedDict()
+
+    def get(self, contexts: tuple[str, ...]) -> ContextIndex:
+        """The index of ``contexts``, built on first use."""
+        with self._lock:
+            idx = self._data.get(contexts)
+            if idx is not None:
+                self._data.move_to_end(contexts)
+                return idx
+        # built outside the lock: a 1 MB context must not stall other streams' lookups
+        idx = ContextIndex(contexts, claim_cache_size=self._claim_cache_size)
+        with self._lock:
+            existing = self._data.get(contexts)
+            if existing is not None:
+                return existing
+            self._data[contexts] = idx
+            if len(self._data) > self._size:
+                self._data.popitem(last=False)
+        return idx
+
+    def clear(self) -> None:
+        """Forget every index (and with them all cached claim verdicts)."""
+        with self._lock:
+            self._data.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._data)

@@ -1,0 +1,466 @@
+"""Text analysis for the local judge: sentences, claims, terms, numbers, entities, negation.
+
+Everything here is regex and table driven, deterministic and linear in the length of the text. Word lists
+are generic English (function words, discourse filler, a few irregular verbs and synonym groups); they
+are not fitted to any benchmark.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from dataclasses import dataclass
+
+# --- word lists ----------------------------------------------------------------------------------
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+STOPWORDS: frozenset[str] = _words(
+    """
+    a about above after again against all also although am an and any are aren't as at be because been
+    before being below between both but by can could did didn't do does doesn't doing don't down during
+    each either else ever every few for from further had hadn't has hasn't have haven't having he her here
+    hers herself him himself his how however i if in into is isn't it it's its itself just least less let
+    like made many may me might more most much must my myself neither nor of off often on once one only
+    onto or other others otherwise our ours ourselves out over own per perhaps quite rather really same
+    several shall she should so some such than that the their theirs them themselves then there therefore
+    these they this those though through thus to too toward towards under until up upon us very via was
+    wasn't we were weren't what whatever when whenever where whereas wherever whether which while who
+    whoever whom whose why will with within without would yet you your yours yourself yourselves
+    also later earlier still already even instead meanwhile moreover furthermore additionally overall
+    currently recently eventually finally initially namely respectively especially particularly mainly
+    around approximately about nearly almost roughly just simply really actually well
+    st nd rd th s t d ll ve re m
+    """
+)
+
+# Discourse words of an assistant talking about its answer rather than stating facts. A claim made only
+# of these (and stopwords) is filler: "Here is what I found.", "Let me know if you need more."
+META_WORDS: frozenset[str] = _words(
+    """
+    here found find hope helps help helpful know let need needs want like further feel free happy glad sure
+    certainly course absolutely thanks thank please note question questions answer answers summary
+    summarize summarized summarizing summarise passage passages text texts article articles document
+    documents source sources context contexts information info provided provide provides following follows
+    below above based according concise brief briefly overview key main core piece pieces point points
+    detail details mentioned mention mentions states stated describes described discusses discussed
+    explains explained says said reports reported notes noted highlights highlighted given
+    additional anything else assist clarification clarify more less okay ok great yes
+    """
+)
+
+NEGATIONS: frozenset[str] = _words(
+    "not no never none nobody nothing neither nor cannot without n't"
+)
+
+# irregular past forms -> base, so "grew" meets "grow"; generic English, not data specific
+IRREGULAR: dict[str, str] = {
+    "began": "begin", "begun": "begin", "became": "become", "built": "build", "bought": "buy",
+    "brought": "bring", "came": "come", "chose": "choose", "chosen": "choose", "did": "do", "done": "do",
+    "drew": "draw", "drawn": "draw", "drove": "drive", "driven": "drive", "fell": "fall",
+    "fallen": "fall", "felt": "feel", "fought": "fight", "flew": "fly", "flown": "fly", "forgot": "forget",
+    "gave": "give", "given": "give", "went": "go", "gone": "go", "grew": "grow", "grown": "grow",
+    "had": "have", "has": "have", "held": "hold", "hid": "hide", "kept": "keep", "knew": "know",
+    "known": "know", "laid": "lay", "led": "lead", "left": "leave", "lost": "lose", "made": "make",
+    "meant": "mean", "met": "meet", "paid": "pay", "ran": "run", "rose": "rise", "risen": "rise",
+    "said": "say", "saw": "see", "seen": "see", "sold": "sell", "sent": "send", "shot": "shoot",
+    "shown": "show", "sang": "sing", "sung": "sing", "sat": "sit", "spoke": "speak", "spoken": "speak",
+    "spent": "spend", "stood": "stand", "stole": "steal", "stolen": "steal", "struck": "strike",
+    "swam": "swim", "took": "take", "taken": "take", "taught": "teach", "told": "tell", "thought": "think",
+    "threw": "throw", "thrown": "throw", "understood": "understand", "woke": "wake", "won": "win",
+    "wore": "wear", "worn": "wear", "wrote": "write", "written": "write", "children": "child",
+    "men": "man", "women": "woman", "people": "person", "feet": "foot", "teeth": "tooth", "mice": "mouse",
+}
+
+# small, generic synonym groups; each word maps to the group's first member (after stemming)
+_SYNONYM_GROUPS: tuple[tuple[str, ...], ...] = (
+    ("found", "establish", "start", "begin", "launch", "create", "form", "set"),
+    ("buy", "purchase", "acquire"),
+    ("big", "large", "huge", "major"),
+    ("small", "little", "minor"),
+    ("end", "finish", "conclude", "complete"),
+    ("die", "death", "dead"),
+    ("say", "state", "tell", "announce", "report", "claim"),
+    ("get", "obtain", "receive", "gain"),
+    ("need", "require"),
+    ("use", "utilize", "utilise", "employ"),
+    ("show", "demonstrate", "reveal", "indicate"),
+    ("help", "assist", "aid", "support"),
+    ("kill", "slay"),
+    ("increase", "rise", "grow", "raise"),
+    ("decrease", "fall", "drop", "decline", "reduce"),
+    ("make", "produce", "manufacture"),
+    ("car", "automobile", "vehicle"),
+    ("film", "movie"),
+    ("firm", "company", "business", "corporation", "enterprise"),
+    ("student", "pupil"),
+    ("job", "work", "employment"),
+    ("expert", "specialist"),
+    ("shop", "store"),
+    ("city", "town"),
+    ("child", "kid"),
+    ("house", "home"),
+    ("quick", "fast", "rapid"),
+)
+
+MONTHS: frozenset[str] = _words(
+    """january february march april may june july august september october november december
+    jan feb mar apr jun jul aug sep sept oct nov dec
+    monday tuesday wednesday thursday friday saturday sunday"""
+)
+# month-like words that are common English words when not capitalised
+_AMBIGUOUS_MONTHS = frozenset({"may", "march", "mar", "jan", "dec", "sun", "sat", "wed"})
+
+NUMBER_WORDS: dict[str, float] = {
+    "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
+    "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15, "sixteen": 16,
+    "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40,
+    "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90, "hundred": 100,
+    "thousand": 1000, "dozen": 12, "twice": 2, "double": 2, "triple": 3,
+}
+SCALES: dict[str, float] = {
+    "hundred": 1e2, "thousand": 1e3, "k": 1e3, "million": 1e6, "millions": 1e6, "mn": 1e6, "m": 1e6,
+    "billion": 1e9, "billions": 1e9, "bn": 1e9, "b": 1e9, "trillion": 1e12, "tn": 1e12,
+}
+_OPENERS_RE = re.compile(r'[:"(\u201c\u00ab\[\n]')
+_BREAKS_RE = re.compile(r'[,;:()"\u201c\u201d\n]')
+_WORD_SCALES = frozenset({"hundred", "thousand", "million", "millions", "billion", "billions", "trillion"})
+
+# --- tokens --------------------------------------------------------------------------------------
+
+_CJK = r"\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
+# a number ("1,000", "3.5"), a CJK character, or a word with inner apostrophes/hyphens
+_TOKEN_RE = re.compile(
+    rf"(?P<num>\d{{1,3}}(?:,\d{{3}})+(?:\.\d+)?|\d+(?:\.\d+)?)"
+    rf"|(?P<cjk>[{_CJK}])"
+    rf"|(?P<word>[^\W\d_{_CJK}](?:[^\W_{_CJK}]|['\-](?=[^\W_{_CJK}]))*)"
+    rf"|(?P<pct>%)"
+)
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u2010": "-", "\u2011": "-"})
+
+
+def normalize(text: str) -> str:
+    """NFKC, unified apostrophes and hyphens; keeps length roughly linear and never raises."""
+    return unicodedata.normalize("NFKC", text).translate(_APOSTROPHES)
+
+
+def stem(word: str) -> str:
+    """Light, deterministic suffix stripping (lowercase input): plurals, -ed, -ing, -ly, final e."""
+    w = IRREGULAR.get(word, word)
+    if w is not word:
+        return w
+    if w.endswith("'s"):
+        w = w[:-2]
+    n = len(w)
+    if n <= 3:
+        return w
+    if w.endswith("ies") and n > 4:
+        w = w[:-3] + "y"
+    elif w.endswith("sses"):
+        w = w[:-2]
+    elif w.endswith("s") and not w.endswith(("ss", "us", "is", "os")):
+        w = w[:-1]
+    if w.endswith("ing") and len(w) > 5:
+        w = w[:-3]
+        w = _undouble(w)
+    elif w.endswith("ied") and len(w) > 4:
+        w = w[:-3] + "y"
+    elif w.endswith("ed") and len(w) > 4:
+        w = w[:-2]
+        w = _undouble(w)
+    elif w.endswith("ly") and len(w) > 5:
+        w = w[:-2]
+    if len(w) > 3 and w.endswith("e"):
+        w = w[:-1]
+    return w
+
+
+def _undouble(w: str) -> str:
+    if len(w) > 3 and w[-1] == w[-2] and w[-1] not in "lsz" and w[-1].isalpha():
+        return w[:-1]
+    return w
+
+
+SYNONYMS: dict[str, str] = {}
+for _group in _SYNONYM_GROUPS:
+    for _w in _group:
+        SYNONYMS.setdefault(stem(_w), stem(_group[0]))
+
+
+@functools.lru_cache(maxsize=65536)
+def term(word_lower: str) -> str:
+    """The comparison key of a lowercase word: stemmed, then mapped onto its synonym group."""
+    s = stem(word_lower)
+    return SYNONYMS.get(s, s)
+
+
+@dataclass(frozen=True, slots=True)
+class Number:
+    """A number as written (``surface``) and its value with scale applied (``1.5 million`` -> 1.5e6)."""
+
+    surface: str
+    value: float
+    tolerance: float  # half a unit of the last written digit: "181.7 million" matches 181,674,817
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What one piece of text asserts, in comparable form."""
+
+    terms: tuple[tuple[str, str], ...]  # (comparison key, surface) of content words, in order
+    numbers: tuple[Number, ...]
+    entities: tuple[tuple[str, tuple[str, ...]], ...]  # (surface, lowercase tokens) in order
+    dates: tuple[tuple[str, str], ...]  # (lowercase month/day name, surface)
+    negated: bool
+    meta_only: bool  # nothing but stopwords and assistant filler words
+
+
+def _number_value(raw: str) -> tuple[float, float]:
+    digits = raw.replace(",", "")
+    value = float(digits)
+    decimals = len(digits.split(".", 1)[1]) if "." in digits else 0
+    return value, 0.5 * 10.0 ** (-decimals)
+
+
+def analyze(text: str, sentence_start: bool = True) -> Facts:
+    """Extract content terms, numbers, named entities, dates and negation from ``text`` (normalised).
+
+    ``sentence_start`` says whether the first word of ``text`` begins a sentence (its capital letter then
+    says nothing about it being a name).
+    """
+    terms: list[tuple[str, str]] = []
+    numbers: list[Number] = []
+    entities: list[tuple[str, tuple[str, ...]]] = []
+    dates: list[tuple[str, str]] = []
+    negated = False
+    meta_only = True
+    cjk_prev: str | None = None
+    entity_run: list[str] = []
+    at_start = sentence_start
+    prev_end = 0
+    matches = list(_TOKEN_RE.finditer(text))
+
+    def close_entity() -> None:
+        if entity_run:
+            entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+            entity_run.clear()
+
+    i = 0
+    n = len(matches)
+    while i < n:
+        m = matches[i]
+        gap = text[prev_end : m.start()]
+        prev_end = m.end()
+        if gap != " " and gap:
+            # a quote, colon or bracket opens a new phrase: its first word is capitalised anyway
+            if _OPENERS_RE.search(gap):
+                at_start = True
+            if _BREAKS_RE.search(gap):
+                close_entity()
+        kind = m.lastgroup
+        tok = m.group()
+        if kind == "num":
+            close_entity()
+            cjk_prev = None
+            value, tol = _number_value(tok)
+            surface = tok
+            # a scale word after the number multiplies it: "$160 million", "3.5bn"
+            if i + 1 < n and matches[i + 1].lastgroup == "word":
+                nxt = matches[i + 1].group().lower()
+                between = text[m.end() : matches[i + 1].start()]
+                if nxt in SCALES and len(between) <= 1 and not (nxt in ("m", "b") and between):
+                    value *= SCALES[nxt]
+                    tol *= SCALES[nxt]
+                    surface = text[m.start() : matches[i + 1].end()]
+                    prev_end = matches[i + 1].end()
+                    i += 1
+            numbers.append(Number(surface, value, tol))
+            meta_only = False
+            at_start = False
+            i += 1
+            continue
+        if kind == "pct":
+            i += 1
+            continue
+        if kind == "cjk":
+            close_entity()
+            if cjk_prev is not None and m.start() == matches[i - 1].end():
+                bigram = cjk_prev + tok
+                terms.append((bigram, bigram))
+            elif i + 1 >= n or matches[i + 1].lastgroup != "cjk":
+                terms.append((tok, tok))  # a lone CJK character
+            cjk_prev = tok
+            meta_only = False
+            at_start = False
+            i += 1
+            continue
+        cjk_prev = None
+        lower = tok.lower()
+        if lower.endswith("'s"):
+            lower = lower[:-2]  # "here's", "Europe's": the base word decides what the token is
+        if lower in NEGATIONS or lower.endswith("n't"):
+            negated = True
+        is_acronym = len(tok) >= 2 and tok.isupper() and tok.isalpha()
+        capitalised = tok[0].isupper() and not at_start
+        at_start = False
+        if lower in MONTHS and (lower not in _AMBIGUOUS_MONTHS or tok[0].isupper()):
+            close_entity()
+            dates.append((lower[:3], tok))
+            meta_only = False
+            i += 1
+            continue
+        if (is_acronym or capitalised) and lower not in STOPWORDS and lower != "i":
+            entity_run.append(tok)
+            meta_only = False
+            i += 1
+            continue
+        close_entity()
+        if lower in NUMBER_WORDS:
+            value, tol, surface = NUMBER_WORDS[lower], 0.5, tok
+            # "five hundred", "two million"
+            if i + 1 < n and matches[i + 1].lastgroup == "word":
+                nxt = matches[i + 1].group().lower()
+                if nxt in _WORD_SCALES and text[m.end() : matches[i + 1].start()].isspace():
+                    value *= SCALES[nxt]
+                    tol *= SCALES[nxt]
+                    surface = text[m.start() : matches[i + 1].end()]
+                    prev_end = matches[i + 1].end()
+                    i += 1
+            numbers.append(Number(surface, value, tol))
+            meta_only = False
+        elif not (
+            lower in STOPWORDS
+            or lower in NEGATIONS
+            or lower in META_WORDS
+            or lower.endswith("n't")
+            or len(lower) < 2
+        ):
+            terms.append((term(lower), tok))
+            meta_only = False
+        i += 1
+    close_entity()
+    return Facts(tuple(terms), tuple(numbers), tuple(entities), tuple(dates), negated, meta_only)
+
+
+def word_keys(text: str) -> tuple[set[str], set[str]]:
+    """All lowercase words of ``text`` and their comparison keys (for the context side of matching)."""
+    raw: set[str] = set()
+    keys: set[str] = set()
+    prev_cjk_end = -1
+    prev_cjk = ""
+    for m in _TOKEN_RE.finditer(text):
+        kind = m.lastgroup
+        if kind == "word":
+            lower = m.group().lower()
+            raw.add(lower)
+            keys.add(term(lower))
+            if lower.endswith("'s"):
+                raw.add(lower[:-2])
+        elif kind == "cjk":
+            tok = m.group()
+            keys.add(tok)
+            if prev_cjk_end == m.start():
+                keys.add(prev_cjk + tok)
+            prev_cjk, prev_cjk_end = tok, m.end()
+    return raw, keys
+
+
+# --- sentences and claims ------------------------------------------------------------------------
+
+_ABBREVIATIONS: frozenset[str] = _words(
+    """mr mrs ms dr prof sr jr st vs etc inc ltd co corp jan feb mar apr jun jul aug sep sept oct nov dec
+    no nos fig figs e.g i.e al approx dept est gen gov lt col sgt capt mt ft u.s u.k a.m p.m ca cf op
+    vol pp ed eds rev"""
+)
+# end of a sentence: terminal punctuation, optional closing quotes/brackets, then whitespace
+_SENT_END_RE = re.compile(r"[.!?\u3002\uff01\uff1f]+[\"'\u201d\u2019)\]]*(?=\s|$)|[\u3002\uff01\uff1f]")
+_LIST_MARKER_RE = re.compile(r"^\s*(?:[-*\u2022\u25cf\u2013]|\d{1,3}[.)]|[a-zA-Z][.)](?=\s))\s+")
+_WORD_BEFORE_RE = re.compile(r"([\w.]+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A sentence or clause of a text: its text and whether it ends with terminal punctuation."""
+
+    text: str
+    terminated: bool
+    sentence_start: bool = True
+
+
+def sentences(text: str) -> list[Span]:
+    """Split ``text`` into sentences: lines first, then terminal punctuation, minding abbreviations,
+    initials and decimals. List markers are dropped. Linear in ``len(text)``."""
+    out: list[Span] = []
+    for line in text.split("\n"):
+        line = _LIST_MARKER_RE.sub("", line, count=1).strip()
+        if not line:
+            continue
+        start = 0
+        for m in _SENT_END_RE.finditer(line):
+            end = m.end()
+            if m.group()[0] == ".":
+                before = _WORD_BEFORE_RE.search(line, max(start, m.start() - 20), m.start())
+                word = before.group(1).lower() if before else ""
+                if word.rstrip(".") in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
+                    continue
+                # "3. " inside a sentence is usually a list number or a decimal split by tokens
+                nxt = line[end:].lstrip()[:1]
+                if nxt and nxt.islower():
+                    continue
+            piece = line[start:end].strip()
+            if piece:
+                out.append(Span(piece, True))
+            start = end
+        rest = line[start:].strip()
+        if rest:
+            # a line without final punctuation (a heading, a list item, or text still being written)
+            out.append(Span(rest, rest[-1:] in ":"))
+    # only the very last span can be "still being written"; earlier lines are complete
+    return [
+        s if s.terminated or i == len(out) - 1 else Span(s.text, True, s.sentence_start)
+        for i, s in enumerate(out)
+    ]
+
+
+_CLAUSE_SPLIT_RE = re.compile(r"\s*;\s*|,?\s+(?:but|whereas|while|although|however,?)\s+|,?\s+and\s+", re.I)
+
+
+def _weight(text: str, start: bool) -> int:
+    f = analyze(text, sentence_start=start)
+    return len(f.terms) + len(f.numbers) + len(f.entities) + len(f.dates)
+
+
+def claims(span: Span) -> list[Span]:
+    """Split a sentence into claims at ``;``, ``but``/``while``/``whereas`` and ``and`` where both sides
+    carry their own facts (``and`` needs three facts on each side, so "Tom and Jerry" stays whole).
+
+    Each segment between separators is analysed once, so this stays linear in the sentence length.
+    """
+    text = span.text
+    seps = list(_CLAUSE_SPLIT_RE.finditer(text))
+    if not seps:
+        return [span]
+    bounds = [0, *(x for m in seps for x in (m.start(), m.end())), len(text)]
+    segments = [(bounds[2 * k], bounds[2 * k + 1]) for k in range(len(seps) + 1)]
+    weights = [_weight(text[a:b], a == 0 and span.sentence_start) for a, b in segments]
+    suffix = [0] * (len(weights) + 1)
+    for k in range(len(weights) - 1, -1, -1):
+        suffix[k] = suffix[k + 1] + weights[k]
+    parts: list[Span] = []
+    start = 0
+    left = 0
+    for k, m in enumerate(seps):
+        left += weights[k]
+        need = 3 if m.group().strip(" ,").lower() == "and" else 2
+        if left >= need and suffix[k + 1] >= need:
+            parts.append(Span(text[start : m.start()].strip(), True, start == 0 and span.sentence_start))
+            start = m.end()
+            left = 0
+    if not parts:
+        return [span]
+    parts.append(Span(text[start:].strip(), span.terminated, False))
+    return [p for p in parts if p.text]

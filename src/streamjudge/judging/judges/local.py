@@ -1,0 +1,216 @@
+"""The ``local`` judge: claim-level grounding without a network, a model, or randomness.
+
+Faithfulness splits the answer into claims (sentences, and clauses joined by "and", "but" or ";" when
+each side carries its own facts) and checks each claim against the contexts: named entities, numbers
+(with scale words, "1,000" == "1000", rounding to the written precision), month and day names, content
+words (lowercased, lightly stemmed, small synonym groups, stopwords out) and negation against the best
+matching context sentence. Score = supported claims / checkable claims; assistant filler ("Here is what
+I found.") counts neither way.
+
+Context precision ranks the contexts by how much of the question's focus terms each holds and averages
+precision over the ranks (the rank-weighted average precision of ragas' ContextPrecisionWithoutReference,
+with term overlap in place of an LLM verdict). Answer relevancy is the share of the question's focus
+terms the answer takes up, and 0 for a refusal. Context recall is the share of reference claims the
+contexts support.
+
+Contexts are indexed once per contexts tuple (a small LRU) and claim verdicts are cached per index, so
+re-judging a growing running text at every checkpoint costs about the new claims only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from streamjudge import semconv
+from streamjudge.judging.base import EvalInput, JudgeResult, Score
+from streamjudge.judging.judges._local_index import ClaimVerdict, ContextIndex, IndexCache, fact_keys
+from streamjudge.judging.judges._local_text import analyze, normalize, sentences, word_keys
+
+# inputs larger than this are judged in a worker thread by ``evaluate`` so the pool's loop stays responsive
+_THREAD_OFFLOAD_CHARS = 100_000
+_MAX_LISTED = 3  # unsupported claims quoted in an explanation
+_MAX_QUOTE = 160
+
+_REFUSAL_RE = re.compile(
+    r"\b(?:i (?:do not|don't|cannot|can't|am unable to|'m unable to|am not able to|'m not able to)"
+    r" (?:know|answer|help|find|say|tell|provide|determine|access)"
+    r"|i(?: am|'m) sorry|as an ai\b"
+    r"|no (?:relevant )?information (?:is |was )?(?:available|provided|given)"
+    r"|(?:context|passage|documents?|sources?|text) (?:does|do) not (?:contain|mention|provide|say|include)"
+    r"|not (?:mentioned|provided|specified|stated|covered) in the"
+    r" (?:context|passage|documents?|sources?|text))",
+    re.IGNORECASE,
+)
+
+
+class LocalJudge:
+    """Deterministic claim-level judge. Thread-safe; ``evaluate_sync`` is cheap enough for a hot path."""
+
+    name = "local"
+
+    def __init__(self, *, index_cache_size: int = 32, claim_cache_size: int = 4096) -> None:
+        self._indexes = IndexCache(index_cache_size, claim_cache_size)
+
+    @classmethod
+    def from_settings(cls, settings: Any, tier: str = "final") -> LocalJudge:
+        """The local judge takes no settings; both tiers get the same deterministic judge."""
+        del settings, tier
+        return cls()
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        """Score ``item`` on ``metrics``. Large inputs are judged off the event loop thread."""
+        size = len(item.answer) + sum(len(c) for c in item.contexts) + len(item.reference or "")
+        if size > _THREAD_OFFLOAD_CHARS:
+            return await asyncio.to_thread(self.evaluate_sync, item, metrics)
+        return self.evaluate_sync(item, metrics)
+
+    def evaluate_sync(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        """Score ``item`` on ``metrics`` inline. Never raises on odd input; unknown metrics are skipped."""
+        scores: list[Score] = []
+        for metric in metrics:
+            fn = _METRICS.get(metric)
+            if fn is None:
+                scores.append(Score(metric, None, skipped="unsupported_metric"))
+                continue
+            try:
+                scores.append(fn(self, item))
+            except Exception as exc:  # a bug here must not take the guard down; it shows on the span
+                scores.append(
+                    Score(metric, None, explanation=f"{type(exc).__name__}: {exc}"[:300], skipped="error")
+                )
+        return JudgeResult(self.name, tuple(scores))
+
+    async def aclose(self) -> None:
+        """Drop the cached indexes; there is nothing else to release."""
+        self._indexes.clear()
+
+    # --- metrics ----------------------------------------------------------------------------------
+
+    def _index(self, contexts: tuple[str, ...]) -> ContextIndex:
+        return self._indexes.get(tuple(contexts))
+
+    def _faithfulness(self, item: EvalInput) -> Score:
+        name = semconv.FAITHFULNESS
+        if not item.answer or not item.answer.strip():
+            return Score(name, None, skipped="empty_answer")
+        if not _has_text(item.contexts):
+            return Score(name, None, skipped="no_contexts")
+        index = self._index(item.contexts)
+        # a checkpoint may end mid-sentence; the unfinished tail is judged once it is complete
+        drop_tail = item.kind == "checkpoint"
+        return _claims_score(name, index, item.answer, drop_tail=drop_tail, what="claims")
+
+    def _context_recall(self, item: EvalInput) -> Score:
+        name = semconv.CONTEXT_RECALL
+        if item.reference is None or not item.reference.strip():
+            return Score(name, None, skipped="no_reference")
+        if not _has_text(item.contexts):
+            return Score(name, None, skipped="no_contexts")
+        index = self._index(item.contexts)
+        return _claims_score(name, index, item.reference, drop_tail=False, what="reference claims")
+
+    def _context_precision(self, item: EvalInput) -> Score:
+        name = semconv.CONTEXT_PRECISION
+        if not _has_text(item.contexts):
+            return Score(name, None, skipped="no_contexts")
+        if not item.question or not item.question.strip():
+            return Score(name, None, skipped="empty_question")
+        focus = fact_keys(analyze(normalize(item.question)))
+        if not focus:
+            return Score(name, None, skipped="no_question_terms")
+        index = self._index(item.contexts)
+        relevance = [len(focus & keys) / len(focus) for keys in index.context_keys]
+        # rank-weighted average precision with graded relevance: a relevant context near the top
+        # counts more than the same context further down
+        num = 0.0
+        running = 0.0
+        for k, rel in enumerate(relevance, start=1):
+            running += rel
+            num += (running / k) * rel
+        total = sum(relevance)
+        value = num / total if total > 0 else 0.0
+        shown = ", ".join(f"{r:.2f}" for r in relevance[:10])
+        more = ", ..." if len(relevance) > 10 else ""
+        return Score(name, _clamp(value), explanation=f"per-context relevance by rank: [{shown}{more}]")
+
+    def _answer_relevancy(self, item: EvalInput) -> Score:
+        name = semconv.ANSWER_RELEVANCY
+        if not item.answer or not item.answer.strip():
+            return Score(name, None, skipped="empty_answer")
+        if not item.question or not item.question.strip():
+            return Score(name, None, skipped="empty_question")
+        answer = normalize(item.answer)
+        if _REFUSAL_RE.search(answer[:2000]):
+            return Score(name, 0.0, explanation="the answer is a refusal or says the sources lack it")
+        focus = fact_keys(analyze(normalize(item.question)))
+        if not focus:
+            return Score(name, 1.0, explanation="no focus terms in the question; the answer is not a refusal")
+        answer_keys = fact_keys(analyze(answer)) | _words_of(answer)
+        hit = focus & answer_keys
+        value = len(hit) / len(focus)
+        missed = sorted(k.lstrip("#@") for k in focus - hit)
+        expl = f"{len(hit)}/{len(focus)} question terms addressed"
+        if missed:
+            expl += f"; not addressed: {', '.join(missed[:8])}"
+        return Score(name, _clamp(value), explanation=expl)
+
+
+_METRICS = {
+    semconv.FAITHFULNESS: LocalJudge._faithfulness,
+    semconv.ANSWER_RELEVANCY: LocalJudge._answer_relevancy,
+    semconv.CONTEXT_PRECISION: LocalJudge._context_precision,
+    semconv.CONTEXT_RECALL: LocalJudge._context_recall,
+}
+
+
+def _claims_score(name: str, index: ContextIndex, text: str, *, drop_tail: bool, what: str) -> Score:
+    spans = sentences(normalize(text))
+    if drop_tail and spans and not spans[-1].terminated:
+        spans = spans[:-1]
+    checked = 0
+    supported = 0
+    unsupported: list[tuple[str, ClaimVerdict]] = []
+    for sentence in spans:
+        for claim_text, verdict in index.verify_sentence(sentence):
+            if verdict.filler:
+                continue
+            checked += 1
+            if verdict.supported:
+                supported += 1
+            else:
+                unsupported.append((claim_text, verdict))
+    if checked == 0:
+        return Score(name, None, skipped="no_claims")
+    value = supported / checked
+    head = f"{supported}/{checked} {what} supported"
+    if not unsupported:
+        return Score(name, value, explanation=head)
+    parts = [_describe(text, v) for text, v in unsupported[:_MAX_LISTED]]
+    more = f"; and {len(unsupported) - _MAX_LISTED} more" if len(unsupported) > _MAX_LISTED else ""
+    return Score(name, _clamp(value), explanation=f"{head}; unsupported: {'; '.join(parts)}{more}")
+
+
+def _describe(text: str, verdict: ClaimVerdict) -> str:
+    quote = text if len(text) <= _MAX_QUOTE else text[: _MAX_QUOTE - 3] + "..."
+    reasons: list[str] = []
+    if verdict.missing:
+        reasons.append("not in context: " + ", ".join(verdict.missing[:8]))
+    if verdict.negation_mismatch:
+        reasons.append("negation differs from the context")
+    return f'"{quote}" ({"; ".join(reasons)})' if reasons else f'"{quote}"'
+
+
+def _words_of(text: str) -> frozenset[str]:
+    raw, keys = word_keys(text)
+    return frozenset(raw | keys)
+
+
+def _has_text(contexts: Sequence[str]) -> bool:
+    return any(c and c.strip() for c in contexts)
+
+
+def _clamp(v: float) -> float:
+    return 0.0 if v < 0.0 else 1.0 if v > 1.0 else v
