@@ -1,3 +1,33 @@
-"""streamjudge: live judging of streamed RAG answers, OpenTelemetry-native."""
+"""streamjudge: live judging of streamed RAG answers, OpenTelemetry-native.
 
-__version__ = "0.1.0"
+Wrap a token stream with :func:`guard` (or let the instrumentation do it), and every checkpoint of the
+answer is judged off the token path while the user reads it.
+"""
+
+from streamjudge._version import __version__
+from streamjudge.config import ConfigError, Settings, load_settings
+from streamjudge.judging.base import EvalInput, Judge, JudgeError, JudgeResult, Score, TransientJudgeError
+from streamjudge.judging.guard import GuardedStream, GuardSession, RegenerateRequest, StreamEvent, guard
+from streamjudge.runtime import Runtime, configure, current_runtime, get_runtime
+
+__all__ = [
+    "ConfigError",
+    "EvalInput",
+    "GuardSession",
+    "GuardedStream",
+    "Judge",
+    "JudgeError",
+    "JudgeResult",
+    "RegenerateRequest",
+    "Runtime",
+    "Score",
+    "Settings",
+    "StreamEvent",
+    "TransientJudgeError",
+    "__version__",
+    "configure",
+    "current_runtime",
+    "get_runtime",
+    "guard",
+    "load_settings",
+]

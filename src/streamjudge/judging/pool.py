@@ -1,0 +1,441 @@
+"""The judge pool: runs judge calls on its own event-loop thread, never on the application's.
+
+One small class owns one job, like the SDK's BatchProcessor: a bounded queue, one worker thread with its own
+event loop, a wake-up, a fixed number of concurrent judge calls. Every submitted job gets exactly one
+:class:`JobOutcome` through its callback — judged, or the reason it was not — so a span held for its scores
+is always released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics
+
+from streamjudge import semconv
+from streamjudge.judging.base import EvalInput, Judge, JudgeResult, TransientJudgeError
+
+_log = logging.getLogger(__name__)
+
+JobStatus = Literal[
+    "judged",  # scores arrived
+    "dropped",  # queue full
+    "timeout",  # per-call timeout, or waited in the queue past its deadline
+    "error",  # the judge raised (after retries for transient errors)
+    "sampled_out",  # not selected by sampling
+    "superseded",  # a newer checkpoint of the same stream replaced it while queued
+    "budget_exhausted",  # per-stream or global judge-call budget used up
+    "cancelled",  # its stream went away (client disconnect)
+    "shutdown",  # the pool shut down before it ran
+]
+
+# the SDK's key: instrumentations (httpx, openai, requests...) check it and create no spans, so the judge's
+# own I/O never lands in the judged trace
+_SUPPRESS_KEY = otel_context._SUPPRESS_INSTRUMENTATION_KEY
+_MAX_BACKOFF_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """What became of one job."""
+
+    status: JobStatus
+    result: JudgeResult | None = None
+    error: str | None = None
+    attempts: int = 0
+    latency_s: float = 0.0  # from submit to outcome
+
+
+@dataclass(slots=True)
+class JudgeJob:
+    """One judge call to make. ``callback`` is called exactly once, on the pool's thread."""
+
+    judge: Judge
+    item: EvalInput
+    metrics: tuple[str, ...]
+    callback: Callable[[JobOutcome], None]
+    stream_key: int = 0  # jobs of one stream share it (0 = none)
+    sample_key: int = 0  # trace id: all jobs of a trace are sampled in or out together
+    coalesce: bool = False  # a newer coalescing job of the same stream replaces this one while queued
+    enqueued_at: float = field(default=0.0)
+
+
+class _Slot:
+    """A queue entry whose job can be swapped in place (coalescing keeps the queue position)."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job: JudgeJob) -> None:
+        self.job: JudgeJob | None = job
+
+
+class JudgePool:
+    """Bounded, concurrent, fork-safe executor for judge calls.
+
+    ``submit`` is cheap and thread-safe and never blocks; it may be called from any thread (the span
+    processor calls it from whichever thread ended the span).
+    """
+
+    def __init__(
+        self,
+        *,
+        concurrency: int = 4,
+        queue_size: int = 256,
+        timeout_s: float = 30.0,
+        max_retries: int = 2,
+        backoff_s: float = 0.2,
+        sample_rate: float = 1.0,
+        per_stream_budget: int = 0,
+        global_budget_per_minute: int = 0,
+        max_queue_wait_s: float = 60.0,
+        meter_provider: metrics.MeterProvider | None = None,
+    ) -> None:
+        self._concurrency = concurrency
+        self._queue_size = queue_size
+        self._timeout_s = timeout_s
+        self._max_retries = max_retries
+        self._backoff_s = backoff_s
+        self._sample_threshold = int(sample_rate * (1 << 64))
+        self._per_stream_budget = per_stream_budget
+        self._global_budget = global_budget_per_minute
+        self._max_queue_wait_s = max_queue_wait_s
+        self._judges: set[Judge] = set()
+        meter = metrics.get_meter(semconv.METER_NAME, meter_provider=meter_provider)
+        self._m_duration = meter.create_histogram(
+            semconv.METRIC_JUDGE_DURATION, unit="s", description="Judge call latency"
+        )
+        self._m_drops = meter.create_counter(
+            semconv.METRIC_DROPS, description="Judge jobs not judged, by reason"
+        )
+        self._m_errors = meter.create_counter(semconv.METRIC_JUDGE_ERRORS, description="Judge call failures")
+        meter.create_observable_gauge(
+            semconv.METRIC_QUEUE_DEPTH,
+            callbacks=[self._observe_depth],
+            description="Judge jobs queued or running",
+        )
+        self._init_state()
+        # a forked worker must not share the parent's loop thread, queue or locks
+        ref = weakref.ref(self)
+
+        def _after_fork() -> None:
+            pool = ref()
+            if pool is not None:
+                pool._init_state()
+
+        os.register_at_fork(after_in_child=_after_fork)
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._queue: deque[_Slot] = deque()
+        self._queued = 0
+        self._coalescable: dict[int, _Slot] = {}
+        self._stream_calls: dict[int, int] = {}
+        self._running: dict[asyncio.Task[None], JudgeJob] = {}
+        self._active = 0  # taken off the queue, outcome not yet delivered
+        self._window_start = time.monotonic()
+        self._window_calls = 0
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._wake: asyncio.Event | None = None
+
+    @property
+    def depth(self) -> int:
+        """Jobs queued or running."""
+        return self._queued + self._active
+
+    def _observe_depth(self, _options: metrics.CallbackOptions) -> list[metrics.Observation]:
+        return [metrics.Observation(self.depth)]
+
+    # --- submit (any thread) ---------------------------------------------------------------------
+
+    def submit(self, job: JudgeJob) -> bool:
+        """Queue ``job``; False when it was refused (its callback has then already been called)."""
+        job.enqueued_at = time.monotonic()
+        self._judges.add(job.judge)
+        refused: JobStatus | None = None
+        superseded: JudgeJob | None = None
+        with self._lock:
+            if self._closed:
+                refused = "shutdown"
+            elif job.sample_key and (job.sample_key & 0xFFFFFFFFFFFFFFFF) >= self._sample_threshold:
+                refused = "sampled_out"
+            elif not self._take_budget(job):
+                refused = "budget_exhausted"
+            else:
+                slot = self._coalescable.get(job.stream_key) if job.coalesce and job.stream_key else None
+                if slot is not None and slot.job is not None:
+                    superseded, slot.job = slot.job, job
+                elif self._queued >= self._queue_size:
+                    refused = "dropped"
+                else:
+                    slot = _Slot(job)
+                    self._queue.append(slot)
+                    self._queued += 1
+                    if job.coalesce and job.stream_key:
+                        self._coalescable[job.stream_key] = slot
+            if refused is None:
+                self._ensure_worker()
+        if superseded is not None:
+            self._finish(superseded, JobOutcome("superseded"))
+        if refused is not None:
+            self._finish(job, JobOutcome(refused))
+            return False
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # loop closed during shutdown: the job gets "shutdown" from drain
+                pass
+        return True
+
+    def _take_budget(self, job: JudgeJob) -> bool:
+        if self._per_stream_budget and job.stream_key:
+            used = self._stream_calls.get(job.stream_key, 0)
+            if used >= self._per_stream_budget:
+                return False
+            self._stream_calls[job.stream_key] = used + 1
+        if self._global_budget:
+            now = time.monotonic()
+            if now - self._window_start >= 60.0:
+                self._window_start, self._window_calls = now, 0
+            if self._window_calls >= self._global_budget:
+                return False
+            self._window_calls += 1
+        return True
+
+    def end_stream(self, stream_key: int) -> None:
+        """Forget the per-stream budget of a finished stream (its queued jobs still run)."""
+        with self._lock:
+            self._stream_calls.pop(stream_key, None)
+
+    def cancel_stream(self, stream_key: int) -> int:
+        """Cancel queued and running jobs of a stream (client went away). Returns how many."""
+        cancelled: list[JudgeJob] = []
+        with self._lock:
+            for slot in self._queue:
+                if slot.job is not None and slot.job.stream_key == stream_key:
+                    cancelled.append(slot.job)
+                    slot.job = None
+            self._coalescable.pop(stream_key, None)
+            self._stream_calls.pop(stream_key, None)
+            self._queued -= len(cancelled)
+            running = [t for t, j in self._running.items() if j.stream_key == stream_key]
+            loop = self._loop
+        for job in cancelled:
+            self._finish(job, JobOutcome("cancelled"))
+        if running and loop is not None:
+            for task in running:
+                loop.call_soon_threadsafe(task.cancel)
+        return len(cancelled) + len(running)
+
+    # --- worker (pool thread) --------------------------------------------------------------------
+
+    def _ensure_worker(self) -> None:
+        # called with the lock held
+        if self._thread is not None and self._thread.is_alive():
+            return
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._thread_main, args=(ready,), name="streamjudge-judge-pool", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+
+    def _thread_main(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._wake = asyncio.Event()
+        ready.set()
+        try:
+            loop.run_until_complete(self._dispatch())
+        finally:
+            try:
+                loop.run_until_complete(self._close_judges())
+            finally:
+                loop.close()
+
+    def _pop(self) -> JudgeJob | None:
+        with self._lock:
+            while self._queue:
+                slot = self._queue.popleft()
+                job = slot.job
+                if job is None:
+                    continue
+                slot.job = None
+                self._queued -= 1
+                self._active += 1
+                if self._coalescable.get(job.stream_key) is slot:
+                    del self._coalescable[job.stream_key]
+                return job
+            return None
+
+    async def _dispatch(self) -> None:
+        assert self._wake is not None
+        sem = asyncio.Semaphore(self._concurrency)
+        while True:
+            await sem.acquire()
+            job = self._pop()
+            while job is None:
+                if self._closed:
+                    sem.release()
+                    pending = list(self._running)
+                    if pending:
+                        await asyncio.gather(*pending, return_exceptions=True)
+                    return
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+                except TimeoutError:
+                    pass
+                job = self._pop()
+            if time.monotonic() - job.enqueued_at > self._max_queue_wait_s:
+                sem.release()
+                self._finish(job, JobOutcome("timeout", error="waited in queue past its deadline"))
+                with self._lock:
+                    self._active -= 1
+                    self._idle.notify_all()
+                continue
+            task = asyncio.get_running_loop().create_task(self._run(job))
+            with self._lock:
+                self._running[task] = job
+            task.add_done_callback(lambda t, s=sem: self._task_done(t, s))  # type: ignore[misc]
+
+    def _task_done(self, task: asyncio.Task[None], sem: asyncio.Semaphore) -> None:
+        sem.release()
+        job = self._running.get(task)
+        # the outcome goes out before the job stops counting as running, so force_flush never
+        # returns while a callback is still owed
+        if job is not None and task.cancelled():
+            self._finish(job, JobOutcome("shutdown" if self._closed else "cancelled"))
+        with self._lock:
+            if self._running.pop(task, None) is not None:
+                self._active -= 1
+            self._idle.notify_all()
+
+    async def _run(self, job: JudgeJob) -> None:
+        token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, True, otel_context.Context()))
+        attempts = 0
+        outcome: JobOutcome
+        try:
+            while True:
+                attempts += 1
+                started = time.monotonic()
+                try:
+                    result = await asyncio.wait_for(
+                        job.judge.evaluate(job.item, job.metrics), timeout=self._timeout_s
+                    )
+                    self._m_duration.record(time.monotonic() - started, {semconv.METRIC_ATTR_JUDGE: result.judge})
+                    outcome = JobOutcome("judged", result, attempts=attempts)
+                    break
+                except TimeoutError:
+                    outcome = JobOutcome(
+                        "timeout", error=f"judge call exceeded {self._timeout_s:g}s", attempts=attempts
+                    )
+                    break
+                except TransientJudgeError as exc:
+                    if attempts > self._max_retries:
+                        outcome = JobOutcome("error", error=_describe(exc), attempts=attempts)
+                        break
+                    await asyncio.sleep(self._backoff(attempts, exc.retry_after))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # a judge failure never breaks a response
+                    outcome = JobOutcome("error", error=_describe(exc), attempts=attempts)
+                    break
+        finally:
+            otel_context.detach(token)
+        if outcome.status == "error":
+            self._m_errors.add(1, {semconv.METRIC_ATTR_JUDGE: getattr(job.judge, "name", "?")})
+        self._finish(job, outcome, attempts)
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        delay = self._backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        return min(delay, _MAX_BACKOFF_S)
+
+    def _finish(self, job: JudgeJob, outcome: JobOutcome, attempts: int | None = None) -> None:
+        if outcome.status != "judged":
+            self._m_drops.add(1, {semconv.METRIC_ATTR_REASON: outcome.status})
+        latency = time.monotonic() - job.enqueued_at if job.enqueued_at else 0.0
+        final = JobOutcome(
+            outcome.status, outcome.result, outcome.error,
+            attempts if attempts is not None else outcome.attempts, latency,
+        )
+        try:
+            job.callback(final)
+        except Exception:  # a broken callback must not kill the pool thread
+            _log.exception("streamjudge: judge job callback failed")
+        with self._lock:
+            self._idle.notify_all()
+
+    async def _close_judges(self) -> None:
+        for judge in list(self._judges):
+            try:
+                await judge.aclose()
+            except Exception:
+                _log.debug("streamjudge: closing judge %r failed", judge, exc_info=True)
+
+    # --- flush / shutdown ------------------------------------------------------------------------
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Wait until every queued and running job has its outcome; False if the deadline came first."""
+        deadline = time.monotonic() + timeout_millis / 1000
+        with self._lock:
+            while self._queued or self._active:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(min(remaining, 0.05))
+        return True
+
+    def shutdown(self, timeout_millis: int = 30_000) -> bool:
+        """Stop accepting jobs, drain within the deadline, then give what is left a ``shutdown`` outcome."""
+        with self._lock:
+            if self._closed:
+                return True
+            self._closed = True
+        drained = self.force_flush(timeout_millis)
+        leftover: list[JudgeJob] = []
+        with self._lock:
+            for slot in self._queue:
+                if slot.job is not None:
+                    leftover.append(slot.job)
+                    slot.job = None
+            self._queue.clear()
+            self._queued = 0
+            running = list(self._running)
+            loop, thread, wake = self._loop, self._thread, self._wake
+        for job in leftover:
+            self._finish(job, JobOutcome("shutdown"))
+        if loop is not None and not loop.is_closed():
+            for task in running:
+                loop.call_soon_threadsafe(task.cancel)
+            if wake is not None:
+                loop.call_soon_threadsafe(wake.set)
+        if thread is not None:
+            thread.join(timeout=5.0)
+        return drained
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().replace("\n", " ")
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import streamjudge  # noqa: E402
+from streamjudge.config import Settings  # noqa: E402
+
+
+class Harness:
+    """A runtime that owns its export path into an in-memory exporter."""
+
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.runtime: streamjudge.Runtime | None = None
+
+    def configure(self, judge: object | None = None, **settings: object) -> streamjudge.Runtime:
+        if self.runtime is not None:
+            self.runtime.shutdown()
+        s = Settings(**settings)  # type: ignore[arg-type]
+        self.runtime = streamjudge.configure(
+            s,
+            downstream=SimpleSpanProcessor(self.exporter),
+            judge=judge,  # type: ignore[arg-type]
+            set_global=False,
+        )
+        return self.runtime
+
+    def spans(self, flush: bool = True) -> list:  # type: ignore[type-arg]
+        if flush and self.runtime is not None:
+            self.runtime.force_flush(10_000)
+        return list(self.exporter.get_finished_spans())
+
+
+@pytest.fixture
+def harness() -> Iterator[Harness]:
+    h = Harness()
+    try:
+        yield h
+    finally:
+        if h.runtime is not None:
+            h.runtime.shutdown()

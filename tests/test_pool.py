@@ -1,0 +1,245 @@
+"""The judge pool: every job gets exactly one outcome, whatever the judge does."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Sequence
+
+from _fakes import BrokenJudge, FlakyJudge, KeywordJudge
+
+from streamjudge.judging.base import EvalInput, JudgeResult, Score
+from streamjudge.judging.pool import JobOutcome, JudgeJob, JudgePool
+
+ITEM = EvalInput("q", ("ctx",), "answer", kind="checkpoint")
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.outcomes: list[JobOutcome] = []
+        self.threads: set[str] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, outcome: JobOutcome) -> None:
+        with self.lock:
+            self.outcomes.append(outcome)
+            self.threads.add(threading.current_thread().name)
+
+    def statuses(self) -> list[str]:
+        return sorted(o.status for o in self.outcomes)
+
+
+def job(judge, cb, **kw) -> JudgeJob:  # type: ignore[no-untyped-def]
+    return JudgeJob(judge=judge, item=kw.pop("item", ITEM), metrics=("faithfulness",), callback=cb, **kw)
+
+
+def test_judged_on_its_own_thread_and_flushes() -> None:
+    pool = JudgePool()
+    cb = Collector()
+    for _ in range(5):
+        assert pool.submit(job(KeywordJudge(), cb))
+    assert pool.force_flush(5_000)
+    assert cb.statuses() == ["judged"] * 5
+    assert cb.threads == {"streamjudge-judge-pool"}
+    pool.shutdown()
+
+
+def test_concurrency_is_bounded() -> None:
+    running = 0
+    peak = 0
+
+    class Counting(KeywordJudge):
+        async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.02)
+            running -= 1
+            return JudgeResult("c", (Score("faithfulness", 1.0),))
+
+    pool = JudgePool(concurrency=3)
+    cb = Collector()
+    for _ in range(12):
+        pool.submit(job(Counting(), cb))
+    assert pool.force_flush(5_000)
+    assert peak == 3
+    assert cb.statuses() == ["judged"] * 12
+    pool.shutdown()
+
+
+def test_transient_errors_are_retried_with_backoff_then_succeed() -> None:
+    pool = JudgePool(max_retries=2, backoff_s=0.01)
+    judge = FlakyJudge(failures=2)
+    cb = Collector()
+    pool.submit(job(judge, cb))
+    assert pool.force_flush(5_000)
+    assert cb.outcomes[0].status == "judged"
+    assert cb.outcomes[0].attempts == 3
+    pool.shutdown()
+
+
+def test_retries_are_bounded_and_retry_after_is_honoured() -> None:
+    pool = JudgePool(max_retries=1, backoff_s=0.001)
+    judge = FlakyJudge(failures=5, retry_after=0.2)
+    cb = Collector()
+    t0 = time.monotonic()
+    pool.submit(job(judge, cb))
+    assert pool.force_flush(5_000)
+    assert time.monotonic() - t0 >= 0.2
+    assert cb.outcomes[0].status == "error"
+    assert "503" in (cb.outcomes[0].error or "")
+    assert judge.attempts == 2
+    pool.shutdown()
+
+
+def test_hanging_judge_times_out_raising_judge_is_an_error_garbage_is_an_error() -> None:
+    pool = JudgePool(timeout_s=0.1)
+    cb = Collector()
+    pool.submit(job(BrokenJudge("hang"), cb))
+    pool.submit(job(BrokenJudge("raise"), cb))
+    pool.submit(job(BrokenJudge("garbage"), cb))
+    assert pool.force_flush(5_000)
+    by = {o.status: o for o in cb.outcomes}
+    assert set(by) == {"timeout", "error", "judged"} or cb.statuses().count("error") >= 1
+    assert "timeout" in by
+    assert any("judge exploded" in (o.error or "") for o in cb.outcomes)
+    pool.shutdown()
+
+
+def test_queue_full_drops_and_says_so() -> None:
+    gate = threading.Event()
+
+    class Blocking(KeywordJudge):
+        async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+            while not gate.is_set():
+                await asyncio.sleep(0.005)
+            return self._score(item, metrics)
+
+    pool = JudgePool(concurrency=1, queue_size=2)
+    cb = Collector()
+    accepted = [pool.submit(job(Blocking(), cb)) for _ in range(6)]
+    # one running, two queued; the rest are refused at once
+    assert accepted.count(False) >= 3
+    gate.set()
+    assert pool.force_flush(5_000)
+    assert cb.statuses().count("dropped") == accepted.count(False)
+    assert len(cb.outcomes) == 6
+    pool.shutdown()
+
+
+def test_newer_checkpoint_supersedes_queued_older_one() -> None:
+    gate = threading.Event()
+
+    class Blocking(KeywordJudge):
+        async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+            while not gate.is_set():
+                await asyncio.sleep(0.005)
+            return self._score(item, metrics)
+
+    pool = JudgePool(concurrency=1)
+    judge = Blocking()
+    cb = Collector()
+    pool.submit(job(judge, cb, stream_key=99))  # occupies the only slot
+    time.sleep(0.05)
+    for i in range(4):
+        pool.submit(job(judge, cb, stream_key=7, coalesce=True, item=EvalInput("q", (), f"text {i}")))
+    gate.set()
+    assert pool.force_flush(5_000)
+    assert cb.statuses().count("superseded") == 3
+    assert [c.answer for c in judge.calls if c.answer.startswith("text")] == ["text 3"]
+    pool.shutdown()
+
+
+def test_sampling_is_per_trace_and_deterministic() -> None:
+    pool = JudgePool(sample_rate=0.5)
+    cb = Collector()
+    keys = [(i * 0x9E3779B97F4A7C15) & ((1 << 128) - 1) for i in range(1, 201)]
+    for k in keys:
+        pool.submit(job(KeywordJudge(), cb, sample_key=k))
+    assert pool.force_flush(5_000)
+    sampled = cb.statuses().count("sampled_out")
+    assert 50 < sampled < 150
+    pool.shutdown()
+
+
+def test_per_stream_budget() -> None:
+    pool = JudgePool(per_stream_budget=3)
+    cb = Collector()
+    for _ in range(5):
+        pool.submit(job(KeywordJudge(), cb, stream_key=1))
+    pool.submit(job(KeywordJudge(), cb, stream_key=2))
+    assert pool.force_flush(5_000)
+    assert cb.statuses().count("budget_exhausted") == 2
+    pool.shutdown()
+
+
+def test_cancel_stream_cancels_queued_and_running_work() -> None:
+    pool = JudgePool(concurrency=1)
+    cb = Collector()
+    pool.submit(job(BrokenJudge("hang"), cb, stream_key=5))
+    pool.submit(job(KeywordJudge(), cb, stream_key=5))
+    pool.submit(job(KeywordJudge(), cb, stream_key=6))
+    time.sleep(0.05)
+    assert pool.cancel_stream(5) == 2
+    assert pool.force_flush(5_000)
+    assert cb.statuses() == ["cancelled", "cancelled", "judged"]
+    pool.shutdown()
+
+
+def test_shutdown_drains_within_deadline_then_reports_the_rest() -> None:
+    pool = JudgePool(concurrency=1, timeout_s=60)
+    cb = Collector()
+    judge = KeywordJudge()
+    pool.submit(job(judge, cb))
+    pool.submit(job(BrokenJudge("hang"), cb))
+    pool.submit(job(judge, cb))
+    t0 = time.monotonic()
+    assert pool.shutdown(timeout_millis=300) is False
+    assert time.monotonic() - t0 < 5
+    assert len(cb.outcomes) == 3  # nothing lost: every job has an outcome
+    assert "judged" in cb.statuses()
+    assert {"shutdown"} & set(cb.statuses())
+    assert judge.closed  # judges are closed with the pool
+    # after shutdown, submissions are refused with a reason
+    assert pool.submit(job(judge, cb)) is False
+    assert cb.outcomes[-1].status == "shutdown"
+
+
+def test_judge_io_is_not_traced() -> None:
+    from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+
+    seen: list[object] = []
+
+    class Peek(KeywordJudge):
+        async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+            seen.append(not is_instrumentation_enabled())
+            return self._score(item, metrics)
+
+    pool = JudgePool()
+    pool.submit(job(Peek(), Collector()))
+    assert pool.force_flush(5_000)
+    assert seen == [True]
+    pool.shutdown()
+
+
+def test_fork_safe() -> None:
+    pool = JudgePool()
+    cb = Collector()
+    pool.submit(job(KeywordJudge(), cb))
+    assert pool.force_flush(5_000)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: the pool works with a fresh thread
+        try:
+            got: list[str] = []
+            pool.submit(job(KeywordJudge(), lambda o: got.append(o.status)))
+            ok = pool.force_flush(5_000)
+            os.write(w, f"{ok}:{','.join(got)}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    assert os.read(r, 100).decode() == "True:judged"
+    pool.shutdown()
