@@ -1,0 +1,397 @@
+"""ASGI middleware: the answer stream of each HTTP response body or WebSocket, watched as it is sent.
+
+It sits inside the request span (first of the app's own middlewares), so every stream span is a child of
+the request. Per request it binds a stream to the trace (see ``_binding``); the LangGraph callbacks feed it
+the answer tokens, or — for apps whose tokens do not come from an instrumented graph — the body itself
+does: SSE frames (``text/event-stream``, e.g. ``StreamingResponse`` or sse-starlette's
+``EventSourceResponse``), JSON lines, plain text chunks and WebSocket messages are parsed and their token
+extracted. The app's frames always pass through unchanged; the guard's ``warning`` / ``retract`` /
+``stop`` events are injected between frames in the app's format (a hook decides how). A stop ends the
+body; a client that disconnects ends the stream span with ``disconnected`` and cancels its queued judge
+work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from streamjudge.instrumentation import _binding
+from streamjudge.instrumentation._binding import StreamBinding
+from streamjudge.instrumentation._sse import (
+    DEFAULT_TOKEN_EVENTS,
+    DONE_EVENTS,
+    SSEParser,
+    TokenExtractor,
+    extract_from_json,
+    json_event_name,
+    make_token_extractor,
+    render_sse,
+)
+
+if TYPE_CHECKING:
+    from streamjudge.judging.guard import StreamEvent
+
+_log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+FrameKind = Literal["sse", "ndjson", "text", "websocket"]
+#: (event, frame kind) -> what to send for a guard event: bytes/str for bodies, str/dict for WebSocket
+#: messages, or None to send nothing
+FrameHook = Callable[["StreamEvent", FrameKind], "bytes | str | Mapping[str, Any] | None"]
+
+#: guard events injected into the client stream by default (``done``: the app sends its own)
+DEFAULT_INJECT: frozenset[str] = frozenset({"warning", "retract", "stop"})
+
+
+def event_payload(event: StreamEvent) -> dict[str, Any]:
+    """The JSON payload of an injected frame: ``type``, ``text`` and the event's data."""
+    payload: dict[str, Any] = {"type": event.type, "text": event.text}
+    if event.data:
+        payload.update(event.data)
+    return payload
+
+
+def default_frame_hook(event: StreamEvent, kind: FrameKind) -> bytes | str | Mapping[str, Any] | None:
+    """``event: warning`` + JSON for SSE, a JSON line for NDJSON, a JSON message on WebSockets."""
+    if event.type not in DEFAULT_INJECT:
+        return None
+    if kind == "sse":
+        return render_sse(event.type, event_payload(event))
+    if kind == "ndjson":
+        return (json.dumps(event_payload(event), default=str) + "\n").encode()
+    if kind == "websocket":
+        return event_payload(event)
+    return None  # a plain text body has no room for out-of-band frames
+
+
+def _mode_for(headers: Any) -> FrameKind | None:
+    ctype = b""
+    for k, v in headers or ():
+        if k.lower() == b"content-type":
+            ctype = v.lower()
+            break
+    if ctype.startswith(b"text/event-stream"):
+        return "sse"
+    if ctype.startswith((b"application/x-ndjson", b"application/jsonl", b"application/json-seq")):
+        return "ndjson"
+    if ctype.startswith(b"text/plain"):
+        return "text"
+    return None
+
+
+async def finish_stream(binding: StreamBinding, *, wait_s: float | None = None) -> list[StreamEvent]:
+    """End an answer stream: tail checkpoint, wait (bounded, off the token path) for verdicts in flight.
+
+    The wait happens after the last token was sent, before the body's end, so a late warning still
+    reaches the client; it never exceeds ``settings.end_wait_s``.
+    """
+    session = binding.session
+    if session is None:
+        return binding.finish()
+    loop = asyncio.get_running_loop()
+    woke = asyncio.Event()
+
+    def notify() -> None:
+        try:
+            loop.call_soon_threadsafe(woke.set)
+        except RuntimeError:  # loop closed: nobody waits any more
+            pass
+
+    events: list[StreamEvent] = []
+    session.set_notify(notify)
+    try:
+        if not session.stopped:
+            session.close_tail()
+            deadline = loop.time() + (session.settings.end_wait_s if wait_s is None else wait_s)
+            while not session.stopped:
+                if binding.has_events:
+                    events.extend(binding.take_events())
+                remaining = deadline - loop.time()
+                if not session.outstanding or remaining <= 0:
+                    break
+                woke.clear()
+                if not session.has_events:
+                    try:
+                        await asyncio.wait_for(woke.wait(), remaining)
+                    except TimeoutError:
+                        pass
+        events.extend(binding.take_events())
+    finally:
+        session.set_notify(None)
+    events.extend(binding.finish())
+    return events
+
+
+class StreamJudgeMiddleware:
+    """Watches streamed answers in HTTP bodies and WebSocket messages. Add with ``instrument_app``."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        token_field: str | None = None,
+        token_events: frozenset[str | None] | None = DEFAULT_TOKEN_EVENTS,
+        token_extractor: TokenExtractor | None = None,
+        frame_hook: FrameHook | None = None,
+    ) -> None:
+        self.app = app
+        self._path = tuple(token_field.split(".")) if token_field else None
+        self._extract = token_extractor or make_token_extractor(token_field, token_events)
+        self._hook = frame_hook or default_frame_hook
+        self._tracer = trace.get_tracer(__name__)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    # --- helpers -----------------------------------------------------------------------------------
+    def _render(self, events: list[StreamEvent], kind: FrameKind) -> list[Any]:
+        out = []
+        for ev in events:
+            try:
+                frame = self._hook(ev, kind)
+            except Exception:
+                _log.exception("streamjudge: frame_hook failed; event not sent")
+                continue
+            if frame is not None:
+                out.append(frame)
+        return out
+
+    def _bind(self, scope: Scope, owner: str) -> tuple[StreamBinding, Any]:
+        ctx = otel_context.get_current()
+        span_ctx = trace.get_current_span(ctx).get_span_context()
+        own_span = None
+        if not span_ctx.is_valid:
+            # no server instrumentation in front of us: the stream still needs a trace to live in
+            method = scope.get("method", "WS") if owner == "http" else "WS"
+            own_span = self._tracer.start_span(f"{method} {scope.get('path', '')}", kind=trace.SpanKind.SERVER)
+            ctx = trace.set_span_in_context(own_span, ctx)
+            span_ctx = own_span.get_span_context()
+        binding = StreamBinding(span_ctx.trace_id, owner=owner, parent=ctx)
+        _binding.bind(binding)
+        return binding, own_span
+
+    # --- HTTP ----------------------------------------------------------------------------------------
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        binding, own_span = self._bind(scope, "http")
+        parser: SSEParser | None = None
+        line_buf = ""
+        mode: FrameKind | None = None
+        started = False
+        ended = False  # the body was ended by a stop: later sends of the app are dropped
+        stop_wake: asyncio.Event | None = None
+        extract = self._extract
+        path = self._path
+        outcome = "completed"
+
+        async def send_events(events: list[StreamEvent]) -> None:
+            assert mode is not None
+            for frame in self._render(events, mode):
+                body = frame.encode() if isinstance(frame, str) else frame
+                if isinstance(body, bytes | bytearray):
+                    await send({"type": "http.response.body", "body": bytes(body), "more_body": True})
+
+        async def end_body() -> None:
+            nonlocal ended
+            ended = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if stop_wake is not None:
+                stop_wake.set()  # tells the response a "disconnect" happened, so it stops producing
+
+        async def wrapped_send(message: Message) -> None:
+            nonlocal mode, parser, started, line_buf, stop_wake
+            if ended:
+                return
+            mtype = message["type"]
+            if mtype == "http.response.start":
+                mode = _mode_for(message.get("headers"))
+                started = True
+                if mode is not None:
+                    stop_wake = asyncio.Event()
+                    if mode == "sse":
+                        parser = SSEParser()
+                await send(message)
+                return
+            if mtype != "http.response.body" or mode is None:
+                await send(message)
+                return
+            body = message.get("body", b"")
+            boundary = True
+            if body:
+                if parser is not None:
+                    frames = parser.feed(body)
+                    boundary = not parser.pending
+                    if binding.source != "graph":
+                        for f in frames:
+                            tok = extract(f)
+                            if tok:
+                                binding.feed(tok, "body")
+                elif mode == "ndjson":
+                    text = line_buf + body.decode("utf-8", "replace")
+                    *lines, line_buf = text.split("\n")
+                    boundary = not line_buf
+                    if binding.source != "graph":
+                        for line in lines:
+                            if line.strip():
+                                try:
+                                    tok = extract_from_json(json.loads(line), path)
+                                except ValueError:
+                                    tok = None
+                                if tok:
+                                    binding.feed(tok, "body")
+                elif binding.source != "graph":
+                    binding.feed(body.decode("utf-8", "replace"), "body")
+            if message.get("more_body", False):
+                await send(message)
+                if boundary and binding.has_events:
+                    await send_events(binding.take_events())
+                if binding.stopped:
+                    await end_body()
+                return
+            # the app's last body message: finish the stream first so its last events go out before it
+            if binding.session is not None:
+                await send_events(await finish_stream(binding))
+            await send(message)
+
+        async def wrapped_receive() -> Message:
+            if not started or stop_wake is None:
+                return await receive()
+            # a streaming response listens for the client going away; a stop must look like that too
+            wake = stop_wake
+            if wake.is_set():
+                return {"type": "http.disconnect"}
+            recv = asyncio.ensure_future(receive())
+            waiter = asyncio.ensure_future(wake.wait())
+            try:
+                await asyncio.wait({recv, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                if not recv.done():
+                    recv.cancel()
+            if recv.done() and not recv.cancelled():
+                message = recv.result()
+                if message["type"] == "http.disconnect" and not ended:
+                    binding.abort("disconnected")
+                return message
+            return {"type": "http.disconnect"}
+
+        token = otel_context.attach(trace.set_span_in_context(own_span)) if own_span is not None else None
+        try:
+            await self.app(scope, wrapped_receive, wrapped_send)
+        except asyncio.CancelledError:
+            outcome = "disconnected"
+            raise
+        except OSError:
+            outcome = "disconnected"
+            raise
+        except BaseException:
+            outcome = "error"
+            raise
+        finally:
+            _binding.unbind(binding)
+            try:
+                if outcome != "completed":
+                    binding.abort(outcome)
+                elif binding.session is not None:
+                    binding.finish()  # tokens fed but no streamed body (e.g. a JSON endpoint)
+            except Exception:
+                _log.exception("streamjudge: could not close the answer stream")
+            if token is not None:
+                otel_context.detach(token)
+            if own_span is not None:
+                own_span.end()
+
+    # --- WebSocket -----------------------------------------------------------------------------------
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        binding, own_span = self._bind(scope, "websocket")
+        extract_path = self._path
+        swallow = False  # after a stop: drop the rest of this answer until the app's done message
+
+        async def send_events(events: list[StreamEvent]) -> None:
+            for frame in self._render(events, "websocket"):
+                if isinstance(frame, Mapping):
+                    await send({"type": "websocket.send", "text": json.dumps(frame, default=str)})
+                elif isinstance(frame, str):
+                    await send({"type": "websocket.send", "text": frame})
+                elif isinstance(frame, bytes | bytearray):
+                    await send({"type": "websocket.send", "bytes": bytes(frame)})
+
+        async def wrapped_send(message: Message) -> None:
+            nonlocal swallow
+            mtype = message["type"]
+            if mtype == "websocket.send":
+                text = message.get("text")
+                if text is None and message.get("bytes") is not None:
+                    text = bytes(message["bytes"]).decode("utf-8", "replace")
+                payload: Any = None
+                if text and text[0] == "{":
+                    try:
+                        payload = json.loads(text)
+                    except ValueError:
+                        payload = None
+                event = json_event_name(payload)
+                if event in DONE_EVENTS:
+                    swallow = False
+                    if binding.session is not None:
+                        await send_events(await finish_stream(binding))
+                    binding.closed = False
+                    binding.source = None
+                    await send(message)
+                    return
+                tok = extract_from_json(payload, extract_path) if payload is not None else text
+                if swallow and tok:
+                    return
+                if tok and binding.source != "graph":
+                    binding.feed(tok, "body")
+                await send(message)
+                if binding.has_events:
+                    await send_events(binding.take_events())
+                if binding.stopped:
+                    swallow = True
+                return
+            if mtype == "websocket.close" and binding.session is not None:
+                await send_events(await finish_stream(binding, wait_s=0.0))
+            await send(message)
+
+        async def wrapped_receive() -> Message:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                binding.abort("disconnected")
+            return message
+
+        token = otel_context.attach(trace.set_span_in_context(own_span)) if own_span is not None else None
+        outcome = "completed"
+        try:
+            await self.app(scope, wrapped_receive, wrapped_send)
+        except BaseException:
+            outcome = "error"
+            raise
+        finally:
+            _binding.unbind(binding)
+            try:
+                if binding.session is not None:
+                    binding.abort("disconnected" if outcome == "completed" else outcome)
+            except Exception:
+                _log.exception("streamjudge: could not close the answer stream")
+            if token is not None:
+                otel_context.detach(token)
+            if own_span is not None:
+                own_span.end()
+
