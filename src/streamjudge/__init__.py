@@ -6,6 +6,7 @@ answer is judged off the token path while the user reads it.
 
 from streamjudge._version import __version__
 from streamjudge.config import ConfigError, Settings, load_settings
+from streamjudge.instrumentation import instrument_app
 from streamjudge.judging.base import EvalInput, Judge, JudgeError, JudgeResult, Score, TransientJudgeError
 from streamjudge.judging.guard import GuardedStream, GuardSession, RegenerateRequest, StreamEvent, guard
 from streamjudge.runtime import Runtime, configure, current_runtime, get_runtime
@@ -29,5 +30,6 @@ __all__ = [
     "current_runtime",
     "get_runtime",
     "guard",
+    "instrument_app",
     "load_settings",
 ]
