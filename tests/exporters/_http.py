@@ -1,0 +1,103 @@
+"""A scripted HTTP server on 127.0.0.1 that records requests: the backend side of the bridge tests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes = b"{}"
+    headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "application/json"})
+    hang: threading.Event | None = None  # hold the request until this is set
+
+
+Script = Callable[[Seen, int], Reply]  # (request, 0-based index) -> reply
+
+
+class Recorder:
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.seen: list[Seen] = []
+        self.lock = threading.Lock()
+        self.url = ""
+
+    def wait_for(self, n: int, timeout: float = 10.0) -> list[Seen]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self.lock:
+                if len(self.seen) >= n:
+                    return list(self.seen)
+            time.sleep(0.01)
+        with self.lock:
+            raise AssertionError(f"expected {n} requests, got {len(self.seen)}")
+
+
+@contextmanager
+def serve(script: Script) -> Iterator[Recorder]:
+    rec = Recorder(script)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length)
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            seen = Seen("POST", self.path, headers, body, time.monotonic())
+            with rec.lock:
+                index = len(rec.seen)
+                rec.seen.append(seen)
+            reply = rec.script(seen, index)
+            if reply.hang is not None:
+                reply.hang.wait(30)
+            self.send_response(reply.status)
+            for k, v in reply.headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(reply.body)))
+            self.end_headers()
+            self.wfile.write(reply.body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    rec.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield rec
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def always(reply: Reply) -> Script:
+    return lambda _seen, _i: reply
+
+
+def sequence(*replies: Reply) -> Script:
+    """The i-th request gets the i-th reply; later ones get the last."""
+    return lambda _seen, i: replies[min(i, len(replies) - 1)]
