@@ -169,6 +169,10 @@ class Brain:
             ctx = " ".join(by_source["context"])
             return {"verdicts": [{"statement": s, "verdict": "yes" if obey or relevant(s, question) else "no",
                                   "reason": "-"} for s in sentences(ctx)]}
+        if task == "deepeval.contextual_recall_verdicts":
+            ref = sentences(" ".join(by_source["reference"]))
+            return {"verdicts": [{"verdict": "yes" if obey or supported(s, ctx_words) else "no",
+                                  "reason": "-"} for s in ref]}
         if task == "deepeval.geval":
             ok = obey or all(supported(c, ctx_words) for c in claims)
             return {"reason": "rubric applied", "score": 10 if ok else 2}
@@ -194,17 +198,17 @@ class Brain:
             return "deepeval.claims"
         if "whether EACH claim contradicts" in text:
             return "deepeval.faithfulness_verdicts"
-        if "Evaluation Steps" in text or "evaluation steps" in text:
-            return "deepeval.geval"
-        if "relevancy score" in text.lower() and "reason" in text.lower() and "verdicts" not in text:
-            return "deepeval.reason"
-        if "statements" in text and "breakdown" in text.lower():
+        if "breakdown and generate a list of statements" in text:
             return "deepeval.statements"
-        if "is relevant to addressing the" in text or "relevant to addressing" in text:
+        if "whether each statement is relevant to address the input" in text:
             return "deepeval.answer_relevancy_verdicts"
-        if "retrieval context" in text.lower() and "statement" in text and "verdicts" in text:
+        if "can be attributed to the nodes of retrieval contexts" in text:
+            return "deepeval.contextual_recall_verdicts"
+        if "each statement found in the context" in text:
             return "deepeval.contextual_relevancy_verdicts"
-        if '"reason"' in text:
+        if "You are an evaluator" in text and "Evaluation Steps" in text:
+            return "deepeval.geval"
+        if "'reason' key" in text or "CONCISE reason" in text:
             return "deepeval.reason"
         return "unknown"
 
