@@ -298,11 +298,10 @@ class StreamJudgeMiddleware:
         except asyncio.CancelledError:
             outcome = "disconnected"
             raise
-        except OSError:
-            outcome = "disconnected"
-            raise
-        except BaseException:
-            outcome = "error"
+        except BaseException as exc:
+            # starlette turns a write to a closed socket into ClientDisconnect (not an OSError)
+            outcome = "disconnected" if isinstance(exc, OSError) or type(exc).__name__ == "ClientDisconnect" \
+                else "error"
             raise
         finally:
             _binding.unbind(binding)
