@@ -25,6 +25,7 @@ class Harness:
         if self.runtime is not None:
             self.runtime.shutdown()
         s = Settings(**settings)  # type: ignore[arg-type]
+        self.exporter = InMemorySpanExporter()  # a shut-down exporter ignores further spans
         self.runtime = streamjudge.configure(
             s,
             downstream=SimpleSpanProcessor(self.exporter),

@@ -99,6 +99,8 @@ class Settings:
     hold_timeout_s: float = 60.0  # longest a judged span is held for its scores before export
     # content capture: off -> spans carry length + sha256 instead of the text
     capture_content: bool = True
+    # texts on spans are capped (head … tail) so a runaway answer cannot blow up exporter memory
+    max_text_attribute_chars: int = 16_384
     # LangGraph / streaming instrumentation
     answer_nodes: tuple[str, ...] = ("generate",)
     sse_token_field: str | None = None  # JSON path (dot separated) of the token in SSE data payloads
@@ -212,6 +214,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "global_budget_per_minute": ("GLOBAL_BUDGET_PER_MINUTE", _int),
     "hold_timeout_s": ("HOLD_TIMEOUT", _float),
     "capture_content": ("CAPTURE_CONTENT", _bool),
+    "max_text_attribute_chars": ("MAX_TEXT_CHARS", _int),
     "answer_nodes": ("ANSWER_NODES", "csv"),
     "sse_token_field": ("SSE_TOKEN_FIELD", None),
 }

@@ -133,6 +133,7 @@ class GuardSession:
         self._text = ""  # latest running-text snapshot (taken at each checkpoint)
         self._skip_checks: str | None = None
         self._prefix_len = 0  # accepted prefix re-fed after a regeneration
+        self._skips: dict[str, int] = {}
         # hold-back: tokens not yet released, by checkpoint window
         self._held: list[str] = []
         self._windows: dict[int, list[str]] = {}
@@ -163,7 +164,10 @@ class GuardSession:
         if kind == "answer":
             self._runtime.streams.remove(self._span_id)
             if not self.final.done():
-                self.final.set_result(outcome.result if outcome.status == "judged" else None)
+                r = outcome.result
+                self.final.set_result(
+                    JudgeResult(r.judge, scores, r.usage) if r is not None and outcome.status == "judged" else None
+                )
             return
         self._inbox.append((kind, index, outcome, scores))
         self.has_events = True
@@ -367,11 +371,13 @@ class GuardSession:
             span.set_attribute(key, value)
         if self._skipped:
             span.set_attribute(semconv.STREAM_SKIPPED_TOKENS, self._skipped)
+        for reason, count in self._skips.items():
+            span.set_attribute(f"{semconv.SKIP_REASON}.{reason}", count)
         if self._ttft_ms is not None:
             span.set_attribute(semconv.STREAM_TTFT_MS, self._ttft_ms)
         if self.settings.capture_content:
-            span.set_attribute(semconv.STREAM_ANSWER, text)
-        else:
+            span.set_attribute(semconv.STREAM_ANSWER, _capped(text, self.settings.max_text_attribute_chars))
+        if not self.settings.capture_content or len(text) > self.settings.max_text_attribute_chars:
             span.set_attribute(semconv.STREAM_ANSWER_LENGTH, len(text))
             span.set_attribute(semconv.STREAM_ANSWER_SHA256, _sha256(text))
         if outcome not in ("completed", "stopped"):
@@ -466,13 +472,17 @@ class GuardSession:
             self._span.add_event(semconv.EVENT_FIRST_TOKEN, timestamp=now)
 
     def _on_sentences(self, sentences: tuple[Sentence, ...]) -> None:
+        # windows completed by one token (a huge token, a burst) close as one checkpoint at the last end
         add = self._policy.add
+        close_at = -1
         for s in sentences:
             if s.end <= self._prefix_len:
                 continue  # the accepted prefix re-fed after a regeneration
             self._window_sentences += 1
             if add(s):
-                self._close_checkpoint(s.end)
+                close_at = s.end
+        if close_at >= 0:
+            self._close_checkpoint(close_at)
 
     def _close_checkpoint(self, end: int, final: bool = False) -> None:
         rt = self._runtime
@@ -493,7 +503,9 @@ class GuardSession:
         if final:
             attrs[semconv.CHECKPOINT_FINAL] = True
         if self.settings.capture_content:
-            attrs[semconv.CHECKPOINT_TEXT] = text
+            attrs[semconv.CHECKPOINT_TEXT] = _capped(text, self.settings.max_text_attribute_chars)
+            if len(text) > self.settings.max_text_attribute_chars:
+                attrs[semconv.CHECKPOINT_TEXT_LENGTH] = len(text)
         else:
             attrs[semconv.CHECKPOINT_TEXT_LENGTH] = len(text)
             attrs[semconv.CHECKPOINT_TEXT_SHA256] = _sha256(text)
@@ -655,8 +667,13 @@ class GuardSession:
         return out
 
     def _record_skip(self, what: str, reason: str) -> None:
-        if self._span is not None:
-            self._span.add_event(semconv.EVENT_SKIP, {semconv.SKIP_REASON: f"{what}:{reason}"})
+        # one event per distinct reason (a flood of drops must not push other events out of the span's
+        # bounded event list); the counts go on the span at the end
+        key = f"{what}:{reason}"
+        n = self._skips.get(key, 0)
+        self._skips[key] = n + 1
+        if not n and self._span is not None:
+            self._span.add_event(semconv.EVENT_SKIP, {semconv.SKIP_REASON: key})
 
     def _summary(self, outcome: str) -> dict[str, Any]:
         verdict = self._verdict
@@ -674,6 +691,14 @@ class GuardSession:
             "ttft_ms": self._ttft_ms,
             "stream_id": format(self._span_id, "016x"),
         }
+
+
+def _capped(text: str, limit: int) -> str:
+    """At most ``limit`` chars: the head and the tail of a longer text around an elision mark."""
+    if len(text) <= limit:
+        return text
+    half = max(1, (limit - 3) // 2)
+    return f"{text[:half]} … {text[-half:]}"
 
 
 def _sha256(text: str) -> str:

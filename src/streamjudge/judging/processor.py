@@ -39,6 +39,7 @@ class StreamListener(Protocol):
     question: str | None
     contexts: tuple[str, ...] | None
     reference: str | None
+    hold_back: bool
 
     def text_until(self, end: int) -> str:
         """The running total text up to char ``end``."""
@@ -209,7 +210,8 @@ class JudgeSpanProcessor(SpanProcessor):
                 callback=done,
                 stream_key=stream_key,
                 sample_key=ctx.trace_id,
-                coalesce=kind == "checkpoint",
+                # hold-back releases a window only on its own verdict: no coalescing there
+                coalesce=kind == "checkpoint" and not (listener is not None and listener.hold_back),
             )
         )
 

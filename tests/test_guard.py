@@ -1,0 +1,346 @@
+"""The live guard: tokens flow at once, verdicts come back mid-stream, actions apply."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from _fakes import BrokenJudge, KeywordJudge, SyncKeywordJudge
+from conftest import Harness
+
+from streamjudge import RegenerateRequest, StreamEvent, guard, semconv
+
+CONTEXTS = ["The sky is blue. Grass is green. Water is wet."]
+GOOD = "The sky is blue. Grass is green. Water is wet. The sky is blue again. "
+BAD = "The sky is blue. Grass is green. Then HALLUCINATED facts appear. And more of them. Last one here."
+
+
+async def words(text: str, delay: float = 0.0) -> AsyncIterator[str]:
+    for w in text.split(" "):
+        if delay:
+            await asyncio.sleep(delay)
+        yield w + " "
+
+
+async def paced(text: str, harness: Harness) -> AsyncIterator[str]:
+    """Yields a word, and lets pending verdicts land before the next one (deterministic tests)."""
+    for w in text.split(" "):
+        yield w + " "
+        await asyncio.sleep(0.002)
+
+
+def run(stream: Any) -> list[StreamEvent]:
+    async def collect() -> list[StreamEvent]:
+        return [ev async for ev in stream]
+
+    return asyncio.run(collect())
+
+
+def text_of(events: list[StreamEvent]) -> str:
+    return "".join(e.text for e in events if e.type == "token")
+
+
+def by_name(spans: list[Any], name: str) -> list[Any]:
+    return [s for s in spans if s.name == name]
+
+
+def test_grounded_stream_passes_every_token_through_in_order(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge())
+    events = run(guard(words(GOOD), question="sky", contexts=CONTEXTS))
+    assert text_of(events) == "".join(w + " " for w in GOOD.split(" "))
+    assert [e.type for e in events if e.type != "token"] == ["done"]
+    assert events[-1].data is not None and events[-1].data["verdict"] == "pass"
+    spans = harness.spans()
+    stream = by_name(spans, semconv.SPAN_STREAM)[0]
+    cps = by_name(spans, semconv.SPAN_CHECKPOINT)
+    assert stream.attributes[semconv.STREAM_TTFT_MS] >= 0
+    assert stream.attributes[semconv.STREAM_TOKENS] == len(GOOD.split(" "))
+    assert stream.attributes[semconv.STREAM_ALERTS] == 0
+    assert cps and all(c.parent.span_id == stream.context.span_id for c in cps)
+    # the running total text, never just the delta
+    last = max(cps, key=lambda c: c.attributes[semconv.CHECKPOINT_INDEX])
+    assert last.attributes[semconv.CHECKPOINT_TEXT].startswith("The sky is blue.")
+    assert stream.attributes[semconv.score_attribute("faithfulness")] == 1.0
+
+
+def test_hallucination_raises_a_warning_mid_stream_with_the_char_range(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge())
+    events = run(guard(paced(BAD, harness), question="sky", contexts=CONTEXTS))
+    warnings = [e for e in events if e.type == "warning"]
+    assert warnings, events
+    w = warnings[0]
+    assert w.data is not None and w.data["metric"] == "faithfulness" and w.data["score"] == 0.0
+    # the warning arrives before the stream is over: tokens follow it
+    idx = events.index(w)
+    assert any(e.type == "token" for e in events[idx:])
+    assert BAD[w.data["char_start"] : w.data["char_end"]].strip()
+    assert "HALLUCINATED" in BAD[: w.data["char_end"]]
+    done = events[-1]
+    assert done.type == "done" and done.data is not None and done.data["verdict"] == "flagged"
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.STREAM_ALERTS] >= 1
+    assert any(e.name == semconv.EVENT_ALERT for e in stream.events)
+
+
+def test_checkpoint_spans_carry_evaluation_events(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge())
+    run(guard(paced(BAD, harness), question="sky", contexts=CONTEXTS))
+    judged = [
+        c for c in by_name(harness.spans(), semconv.SPAN_CHECKPOINT)
+        if c.attributes[semconv.EVAL_STATUS] == "judged"
+    ]
+    assert judged
+    ev = [e for c in judged for e in c.events if e.name == semconv.EVENT_EVALUATION_RESULT]
+    assert ev
+    assert {e.attributes[semconv.GEN_AI_EVALUATION_NAME] for e in ev} == {"faithfulness"}
+    assert {e.attributes[semconv.GEN_AI_EVALUATION_SCORE_LABEL] for e in ev} >= {"fail"}
+
+
+def test_every_span_is_exported_exactly_once(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge())
+    run(guard(words(BAD * 3), question="sky", contexts=CONTEXTS))
+    spans = harness.spans()
+    ids = [s.context.span_id for s in spans]
+    assert len(ids) == len(set(ids))
+    stream = by_name(spans, semconv.SPAN_STREAM)[0]
+    assert len(by_name(spans, semconv.SPAN_CHECKPOINT)) == stream.attributes[semconv.STREAM_CHECKPOINTS]
+    # superseded / judged: each checkpoint says what became of it
+    for c in by_name(spans, semconv.SPAN_CHECKPOINT):
+        assert c.attributes[semconv.EVAL_STATUS] in ("judged", "superseded")
+
+
+def test_slow_judge_never_delays_tokens(harness: Harness) -> None:
+    harness.configure(KeywordJudge(delay_s=0.5), end_wait_s=0.0)
+    t0 = time.monotonic()
+    events = run(guard(words(GOOD * 4), question="sky", contexts=CONTEXTS))
+    assert time.monotonic() - t0 < 0.4
+    assert text_of(events).startswith("The sky")
+
+
+def test_stop_action_ends_the_stream_with_the_fallback(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge(), action="stop", fallback_message="Sorry, stopping.")
+    closed = False
+
+    async def source() -> AsyncIterator[str]:
+        nonlocal closed
+        try:
+            async for w in paced(BAD * 5, harness):
+                yield w
+        finally:
+            closed = True
+
+    events = run(guard(source(), question="sky", contexts=CONTEXTS))
+    types = [e.type for e in events]
+    assert "stop" in types
+    stop = events[types.index("stop")]
+    assert stop.text == "Sorry, stopping."
+    assert types[types.index("stop") + 1 :] == ["done"]
+    assert closed  # the source was closed, the LLM stops generating
+    assert len(text_of(events)) < len(BAD * 5)
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.STREAM_VERDICT] == "stopped"
+
+
+def test_regenerate_retracts_and_continues_from_the_last_good_checkpoint(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge(), action="regenerate", window_sentences=1)
+    requests: list[RegenerateRequest] = []
+
+    def regenerate(req: RegenerateRequest) -> AsyncIterator[str]:
+        requests.append(req)
+        return _aiter([" Water", " is", " wet."])
+
+    events = run(guard(paced(BAD, harness), question="sky", contexts=CONTEXTS, regenerate=regenerate))
+    types = [e.type for e in events]
+    assert "retract" in types
+    retract = events[types.index("retract")]
+    assert retract.data is not None
+    assert len(requests) == 1
+    req = requests[0]
+    assert req.accepted_prefix == BAD[: retract.data["from"]]
+    assert "HALLUCINATED" not in req.accepted_prefix
+    assert req.contexts == tuple(CONTEXTS) and "context" in req.instruction
+    # the client reconstructs the final text: tokens, minus the retracted range, plus the new tokens
+    shown = ""
+    for e in events:
+        if e.type == "token":
+            shown += e.text
+        elif e.type == "retract":
+            shown = shown[: e.data["from"]]  # type: ignore[index]
+    assert "HALLUCINATED" not in shown and shown.endswith("green. Water is wet.")
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.STREAM_REGENERATIONS] == 1
+    assert "HALLUCINATED" not in stream.attributes[semconv.STREAM_ANSWER]
+
+
+def test_regenerate_without_a_callback_flags(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge(), action="regenerate")
+    events = run(guard(paced(BAD, harness), question="sky", contexts=CONTEXTS))
+    w = next(e for e in events if e.type == "warning" and e.data and e.data["metric"] == "faithfulness")
+    assert w.data is not None and w.data["reason"] == "no_regenerate_callback"
+    assert text_of(events).strip() == BAD.strip()
+
+
+def test_hold_back_never_shows_unfaithful_text(harness: Harness) -> None:
+    harness.configure(KeywordJudge(delay_s=0.01), mode="hold_back", action="stop", window_sentences=1)
+    events = run(guard(words(BAD), question="sky", contexts=CONTEXTS))
+    shown = text_of(events)
+    assert "HALLUCINATED" not in shown
+    assert shown.startswith("The sky is blue.")
+    assert any(e.type == "stop" for e in events)
+
+
+def test_hold_back_releases_everything_that_passed(harness: Harness) -> None:
+    harness.configure(KeywordJudge(delay_s=0.01), mode="hold_back")
+    events = run(guard(words(GOOD), question="sky", contexts=CONTEXTS))
+    assert text_of(events) == "".join(w + " " for w in GOOD.split(" "))
+
+
+def test_preflight_gate_runs_before_the_first_token(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge(), preflight_action="stop")
+    pulled = 0
+
+    async def source() -> AsyncIterator[str]:
+        nonlocal pulled
+        for w in GOOD.split(" "):
+            pulled += 1
+            yield w
+
+    events = run(guard(source(), question="unrelated", contexts=CONTEXTS))
+    assert [e.type for e in events] == ["stop", "done"]
+    assert pulled == 0  # not a single token was generated for the user
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.PREFLIGHT_LABEL] == "fail"
+
+
+def test_preflight_skip_checks_policy_skips_incremental_checks(harness: Harness) -> None:
+    judge = SyncKeywordJudge()
+    harness.configure(judge, preflight_action="skip_checks")
+    events = run(guard(words(BAD), question="unrelated", contexts=CONTEXTS))
+    assert not [e for e in events if e.type == "warning"]
+    cps = by_name(harness.spans(), semconv.SPAN_CHECKPOINT)
+    assert cps and {c.attributes[semconv.EVAL_SKIP_REASON] for c in cps} == {"preflight_low_context"}
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.EVAL_STATUS] == "judged"  # the final pass still runs
+
+
+def test_sync_iterator(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge())
+
+    def source() -> Iterator[str]:
+        for w in BAD.split(" "):
+            yield w + " "
+            time.sleep(0.002)
+
+    events = list(guard(source(), question="sky", contexts=CONTEXTS))
+    assert text_of(events).strip() == BAD.strip()
+    assert any(e.type == "warning" for e in events)
+    assert events[-1].type == "done"
+
+
+def test_bad_tokens_are_skipped_or_decoded_never_crash(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge())
+    euro = "€".encode()
+    tokens: list[Any] = [b"The sky ", euro[:1], euro[1:], b" costs 5", None, "", b"\xff\xfe bad. ",
+                         "x" * 1_000_000, "\ud800 lone. ", object(), "End."]
+    events = run(guard(_aiter(tokens), question="sky", contexts=CONTEXTS))
+    text = text_of(events)
+    assert "The sky € costs 5" in text  # a character split across tokens is joined
+    assert "\ufffd" in text  # undecodable bytes become U+FFFD, not a crash
+    assert events[-1].type == "done"
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.STREAM_SKIPPED_TOKENS] == 2  # None and object()
+    reasons = {e.attributes[semconv.SKIP_REASON] for e in stream.events if e.name == semconv.EVENT_SKIP}
+    assert {"token:invalid_utf8", "token:invalid_unicode", "token:non_text_token:object"} <= reasons
+
+
+def test_empty_contexts_and_question_are_recorded_not_fatal(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge())
+    events = run(guard(words(GOOD), question="", contexts=[]))
+    assert events[-1].type == "done"
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.PREFLIGHT_LABEL] == "skipped:no_contexts"
+
+
+def test_failing_judges_never_break_the_stream_and_spans_say_why(harness: Harness) -> None:
+    for how, status in (("raise", "error"), ("hang", "timeout"), ("garbage", "error")):
+        harness.configure(BrokenJudge(how), judge_timeout_s=0.2, end_wait_s=0.5, preflight=False)
+        events = run(guard(words(BAD), question="sky", contexts=CONTEXTS))
+        assert text_of(events).strip() == BAD.strip()
+        assert events[-1].data is not None and events[-1].data["verdict"] == "unjudged"
+        spans = harness.spans()
+        statuses = {s.attributes[semconv.EVAL_STATUS] for s in by_name(spans, semconv.SPAN_CHECKPOINT)}
+        assert status in statuses, (how, statuses)
+        assert by_name(spans, semconv.SPAN_STREAM)[0].attributes[semconv.EVAL_STATUS] == status
+
+
+def test_disconnect_ends_the_span_with_a_status_and_cancels_judge_work(harness: Harness) -> None:
+    harness.configure(KeywordJudge(delay_s=5.0), judge_timeout_s=10)
+
+    async def consume() -> None:
+        g = guard(words(BAD * 10), question="sky", contexts=CONTEXTS)
+        agen = g.__aiter__()
+        for _ in range(20):
+            await agen.__anext__()
+        await agen.aclose()  # what a server does when the client goes away
+
+    t0 = time.monotonic()
+    asyncio.run(consume())
+    spans = harness.spans()
+    assert time.monotonic() - t0 < 4  # queued judge work did not have to run
+    stream = by_name(spans, semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.STREAM_OUTCOME] == "disconnected"
+    assert stream.status.status_code.name == "ERROR"
+    assert stream.attributes[semconv.EVAL_STATUS] == "skipped"
+    cps = by_name(spans, semconv.SPAN_CHECKPOINT)
+    assert cps and {c.attributes[semconv.EVAL_STATUS] for c in cps} <= {"cancelled", "superseded"}
+
+
+def test_content_capture_off_records_length_and_hash(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge(), capture_content=False)
+    run(guard(words(BAD), question="secret question", contexts=CONTEXTS))
+    spans = harness.spans()
+    for s in spans:
+        for v in s.attributes.values():
+            assert "HALLUCINATED" not in str(v) and "secret question" not in str(v)
+    cp = by_name(spans, semconv.SPAN_CHECKPOINT)[0]
+    assert len(cp.attributes[semconv.CHECKPOINT_TEXT_SHA256]) == 64
+    # the judge still saw the text (kept in memory, not on the span)
+    judged = [c for c in by_name(spans, semconv.SPAN_CHECKPOINT) if c.attributes[semconv.EVAL_STATUS] == "judged"]
+    assert any(c.attributes.get(semconv.score_attribute("faithfulness")) == 0.0 for c in judged) or any(
+        s.attributes.get(semconv.score_attribute("faithfulness")) == 0.0 for s in by_name(spans, semconv.SPAN_STREAM)
+    )
+
+
+def test_final_reconciliation_result_is_available(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge())
+    g = guard(words(BAD), question="sky", contexts=CONTEXTS)
+    run(g)
+    final = g.final.result(timeout=5)
+    assert final is not None
+    f = final.get("faithfulness")
+    assert f is not None and f.value == 0.0 and f.label == "fail"
+
+
+def test_contexts_registered_for_the_trace_are_used(harness: Harness) -> None:
+    rt = harness.configure(SyncKeywordJudge())
+    from opentelemetry import trace
+
+    tracer = rt.tracer_provider.get_tracer("app")
+
+    async def main() -> list[StreamEvent]:
+        with tracer.start_as_current_span("request") as span:
+            rt.contexts.register(span.get_span_context().trace_id, question="sky", contexts=CONTEXTS)
+            return [e async for e in guard(paced(BAD, harness))]
+
+    events = asyncio.run(main())
+    assert any(e.type == "warning" for e in events)
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.STREAM_CONTEXT_COUNT] == 1
+    assert trace.get_current_span() is not None
+
+
+async def _aiter(items: list[Any]) -> AsyncIterator[Any]:
+    for i in items:
+        yield i
