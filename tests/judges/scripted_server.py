@@ -116,6 +116,9 @@ class Brain:
             ctx_words |= words(c)
         question = " ".join(by_source["question"])
         answer = " ".join(by_source["answer"])
+        if not answer:  # an unfenced prompt: the answer follows its label
+            m = re.search(r"Answer(?: to check)?:\s*\n(.*)\Z", text, re.S)
+            answer = m.group(1) if m else ""
         task = self._task(text)
         self.tasks.append(task + (":obeyed" if obey else ""))
         claims = sentences(answer)
@@ -234,7 +237,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         path = self.path.split("?")[0]
         with owner.lock:
-            owner.requests.append({"path": path, "body": body, "headers": dict(self.headers)})
+            owner.requests.append({"path": path, "body": body,
+                                   "headers": {k.lower(): v for k, v in self.headers.items()}})
             fault = owner.faults.popleft() if owner.faults else None
         if owner.latency_s:
             time.sleep(owner.latency_s)
