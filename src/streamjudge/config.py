@@ -60,7 +60,7 @@ class Settings:
     judge: str = "local"
     checkpoint_judge: str | None = None  # falls back to ``judge``
     # a score below its threshold fails; ``thresholds`` overrides per metric
-    threshold: float = 0.5
+    threshold: float = 0.7
     thresholds: Mapping[str, float] = field(default_factory=dict)
     action: Action = "flag"
     mode: Mode = "stream_first"

@@ -252,6 +252,9 @@ def configure(
     rt_holder.append(rt)
     if judge is not None or checkpoint_judge is not None:
         rt.use_judges(final=judge, checkpoint=checkpoint_judge or judge)
+    # build the judges now, not on the first request's token path
+    rt.judge_for("checkpoint")
+    rt.judge_for("answer")
     if owns_provider and set_global:
         trace.set_tracer_provider(tracer_provider)
     with _lock:
