@@ -33,7 +33,7 @@ from streamjudge.judging.judges._local_text import (
 CONTENT_COVERAGE = 0.6
 # the postings of very common terms say little about which sentence a claim comes from; skip them so
 # sentence matching stays bounded on huge contexts
-_MAX_POSTINGS = 256
+_MAX_POSTINGS = 64
 _MAX_LOOKUP_TERMS = 8
 
 
@@ -60,7 +60,6 @@ class ContextIndex:
         keys: set[str] = set()
         values: list[float] = []
         self.context_keys: list[frozenset[str]] = []
-        self.sentence_keys: list[frozenset[str]] = []
         self.sentence_negated: list[bool] = []
         postings: dict[str, list[int]] = {}
         for ctx in contexts:
@@ -74,8 +73,7 @@ class ContextIndex:
                 values.extend(n.value for n in facts.numbers)
                 s_keys = fact_keys(facts)
                 c_facts |= s_keys
-                sid = len(self.sentence_keys)
-                self.sentence_keys.append(s_keys)
+                sid = len(self.sentence_negated)
                 self.sentence_negated.append(facts.negated)
                 for k in s_keys:
                     plist = postings.setdefault(k, [])
@@ -86,6 +84,7 @@ class ContextIndex:
             if w in NUMBER_WORDS:
                 values.append(NUMBER_WORDS[w])
         self.raw_words = frozenset(raw)
+        self.any_negated = any(self.sentence_negated)
         self.months = frozenset(w[:3] for w in raw if w in MONTHS)
         self.keys = frozenset(keys)
         self.numbers = sorted(set(values))
@@ -174,9 +173,13 @@ class ContextIndex:
         checked: "was not founded" against "was founded" is a contradiction, a loosely related negative
         sentence elsewhere is not.
         """
+        if not facts.negated and not self.any_negated:
+            return False
         claim_keys = fact_keys(facts)
         if len(claim_keys) < 2:
             return False
+        # the rarest terms point at the sentences a claim most likely comes from; the overlap is counted
+        # on them only, which keeps the cost per claim bounded on huge or repetitive contexts
         ranked = sorted(
             (k for k in claim_keys if k in self._postings),
             key=lambda k: (len(self._postings[k]), k),
@@ -185,16 +188,15 @@ class ContextIndex:
         for k in ranked:
             for sid in self._postings[k]:
                 counts[sid] = counts.get(sid, 0) + 1
-        if not counts:
-            return False
         best_same = best_opp = 0
-        for sid in counts:
-            overlap = len(claim_keys & self.sentence_keys[sid])
-            if self.sentence_negated[sid] == facts.negated:
-                best_same = max(best_same, overlap)
-            else:
-                best_opp = max(best_opp, overlap)
-        needed = max(2, (len(claim_keys) + 1) // 2)
+        negated = self.sentence_negated
+        for sid, overlap in counts.items():
+            if negated[sid] == facts.negated:
+                if overlap > best_same:
+                    best_same = overlap
+            elif overlap > best_opp:
+                best_opp = overlap
+        needed = max(2, (min(len(claim_keys), _MAX_LOOKUP_TERMS) + 1) // 2)
         return best_opp >= needed and best_opp > best_same
 
 

@@ -34,7 +34,7 @@ STOPWORDS: frozenset[str] = _words(
     also later earlier still already even instead meanwhile moreover furthermore additionally overall
     currently recently eventually finally initially namely respectively especially particularly mainly
     around approximately about nearly almost roughly just simply really actually well
-    st nd rd th s t d ll ve re m
+    st nd rd th s t d ll ve re m percent pct
     """
 )
 
@@ -380,6 +380,7 @@ _ABBREVIATIONS: frozenset[str] = _words(
 _SENT_END_RE = re.compile(r"[.!?\u3002\uff01\uff1f]+[\"'\u201d\u2019)\]]*(?=\s|$)|[\u3002\uff01\uff1f]")
 _LIST_MARKER_RE = re.compile(r"^\s*(?:[-*\u2022\u25cf\u2013]|\d{1,3}[.)]|[a-zA-Z][.)](?=\s))\s+")
 _WORD_BEFORE_RE = re.compile(r"([\w.]+)$")
+_NEXT_CHAR_RE = re.compile(r"\s*(\S)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,8 +409,8 @@ def sentences(text: str) -> list[Span]:
                 if word.rstrip(".") in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
                     continue
                 # "3. " inside a sentence is usually a list number or a decimal split by tokens
-                nxt = line[end:].lstrip()[:1]
-                if nxt and nxt.islower():
+                nxt = _NEXT_CHAR_RE.match(line, end)
+                if nxt and nxt.group(1).islower():
                     continue
             piece = line[start:end].strip()
             if piece:

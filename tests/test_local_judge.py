@@ -1,0 +1,363 @@
+"""The local judge: claim-level grounding, the cheap metrics, caching, and robustness to odd input."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamjudge import semconv
+from streamjudge.config import Settings
+from streamjudge.judging.base import METRICS, EvalInput, Judge, JudgeResult, Score
+from streamjudge.judging.judges import create_judge
+from streamjudge.judging.judges._local_index import ClaimVerdict, ContextIndex
+from streamjudge.judging.judges._local_text import Facts
+from streamjudge.judging.judges.local import LocalJudge
+
+F = semconv.FAITHFULNESS
+CONTEXT = "The company was founded in 1998 in Palo Alto by two graduate students."
+QUESTION = "Who founded the company, and when?"
+
+
+def faith(answer: str, contexts: tuple[str, ...] = (CONTEXT,), kind: str = "answer") -> Score:
+    item = EvalInput(QUESTION, contexts, answer, kind=kind)  # type: ignore[arg-type]
+    score = LocalJudge().evaluate_sync(item, [F]).get(F)
+    assert score is not None
+    return score
+
+
+# --- faithfulness ---------------------------------------------------------------------------------
+
+
+def test_classic_unsupported_addition_is_caught_and_named() -> None:
+    s = faith(CONTEXT + " It later expanded to Europe in 2003.")
+    assert s.value is not None and s.value <= 0.5
+    assert '"It later expanded to Europe in 2003."' in s.explanation
+    missing = s.explanation.split("not in context:", 1)[1]
+    for word in ("Europe", "2003", "expanded"):
+        assert word in missing
+
+
+def test_faithful_paraphrase_passes() -> None:
+    assert faith("Two graduate students started the company in Palo Alto in 1998.").value == 1.0
+    assert faith(CONTEXT).value == 1.0
+
+
+def test_wrong_year_is_unsupported() -> None:
+    s = faith("The company was founded in 1999 in Palo Alto.")
+    assert s.value == 0.0
+    assert "1999" in s.explanation
+
+
+def test_negation_mismatch_is_unsupported() -> None:
+    s = faith("The company was not founded in Palo Alto.")
+    assert s.value == 0.0
+    assert "negation" in s.explanation
+    negative_context = ("The company was not profitable in its first year.",)
+    assert faith("The company was not profitable in its first year.", negative_context).value == 1.0
+    assert faith("The company was profitable in its first year.", negative_context).value == 0.0
+
+
+def test_entity_swap_is_unsupported() -> None:
+    s = faith("The company was founded in Berlin in 1998.")
+    assert s.value == 0.0
+    assert "Berlin" in s.explanation
+
+
+def test_numbers_compare_by_value() -> None:
+    ctx = ("Revenue reached $1,000,000 in 2020, up 12% on the year, with 2,500 staff.",)
+    assert faith("Revenue reached $1 million in 2020.", ctx).value == 1.0
+    assert faith("Revenue was up 12 percent in 2020.", ctx).value == 1.0
+    assert faith("There were 2500 staff in 2020.", ctx).value == 1.0
+    assert faith("Revenue was up 15% in 2020.", ctx).value == 0.0
+    # rounding to the written precision is not a hallucination; a different figure is
+    box = ("Poseidon grossed $ 181,674,817 at the worldwide box office on a budget of $ 160 million.",)
+    assert faith("Poseidon grossed $181.7 million worldwide.", box).value == 1.0
+    assert faith("Poseidon grossed $190 million worldwide.", box).value == 0.0
+    assert faith("Poseidon had a budget of $160,000,000.", box).value == 1.0
+
+
+def test_dates_are_checked() -> None:
+    ctx = ("The treaty was signed on 4 March 1921 in Riga.",)
+    assert faith("The treaty was signed in Riga on March 4, 1921.", ctx).value == 1.0
+    assert faith("The treaty was signed in Riga in April 1921.", ctx).value == 0.0
+
+
+def test_clauses_joined_by_and_are_separate_claims() -> None:
+    s = faith("The company was founded in 1998 in Palo Alto and it opened an office in Tokyo in 2005.")
+    assert s.value == 0.5
+    assert "1/2 claims" in s.explanation
+    assert "Tokyo" in s.explanation
+    # a plain list of names stays one claim
+    assert "1/1 claims" in faith("Two graduate students founded the company in Palo Alto.").explanation
+
+
+def test_filler_does_not_count() -> None:
+    s = faith("Here is what I found. " + CONTEXT + " Let me know if you need more. I hope this helps!")
+    assert s.value == 1.0
+    assert "1/1 claims" in s.explanation
+    only_filler = faith("Here is what I found. Let me know if you need more.")
+    assert only_filler.value is None and only_filler.skipped == "no_claims"
+
+
+def test_partial_running_text() -> None:
+    judge = LocalJudge()
+
+    def at(text: str) -> Score:
+        result = judge.evaluate_sync(EvalInput(QUESTION, (CONTEXT,), text, kind="checkpoint"), [F])
+        s = result.get(F)
+        assert s is not None
+        return s
+
+    # the unfinished tail of a checkpoint is not judged yet ("in 19" is not a wrong year)
+    assert at("The company was founded in 19").skipped == "no_claims"
+    assert at("The company was founded in 1998. It later expanded to Eu").value == 1.0
+    assert at("The company was founded in 1998. It later expanded to Europe in 2003.").value == 0.5
+    # the final pass judges an unterminated last sentence
+    final = judge.evaluate_sync(EvalInput(QUESTION, (CONTEXT,), "It was founded in Berlin"), [F]).get(F)
+    assert final is not None and final.value == 0.0
+
+
+def test_growing_text_reuses_claim_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoint k of a running text re-verifies only its new sentence, not the whole prefix."""
+    calls: list[Facts] = []
+    original = ContextIndex._verify
+
+    def counting(self: ContextIndex, facts: Facts) -> ClaimVerdict:
+        calls.append(facts)
+        return original(self, facts)
+
+    monkeypatch.setattr(ContextIndex, "_verify", counting)
+    judge = LocalJudge()
+    sentences = [
+        "The company was founded in 1998.",
+        "It is based in Palo Alto.",
+        "Two graduate students founded it.",
+        "It later expanded to Europe in 2003.",
+    ]
+    text = ""
+    per_checkpoint = []
+    for s in sentences:
+        text = f"{text} {s}".strip()
+        before = len(calls)
+        judge.evaluate_sync(EvalInput(QUESTION, (CONTEXT,), text, kind="checkpoint"), [F])
+        per_checkpoint.append(len(calls) - before)
+    assert per_checkpoint == [1, 1, 1, 1]
+
+
+def test_deterministic_across_instances_and_hash_seeds() -> None:
+    answer = CONTEXT + " It later expanded to Europe, Japan and Brazil in 2003, hiring 500 people."
+    item = EvalInput(QUESTION, (CONTEXT, "Unrelated text about Berlin."), answer, reference="Founded 1998.")
+    a = LocalJudge().evaluate_sync(item, METRICS)
+    b = LocalJudge().evaluate_sync(item, METRICS)
+    assert a == b
+    code = (
+        "from streamjudge.judging.judges.local import LocalJudge;"
+        "from streamjudge.judging.base import EvalInput, METRICS;"
+        f"print(LocalJudge().evaluate_sync(EvalInput({QUESTION!r}, ({CONTEXT!r}, 'Unrelated text about "
+        f"Berlin.'), {answer!r}, reference='Founded 1998.'), METRICS))"
+    )
+    outputs = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        outputs.add(out.stdout)
+    assert len(outputs) == 1
+    assert repr(a) + "\n" in outputs
+
+
+# --- skips ----------------------------------------------------------------------------------------
+
+
+def test_skips_say_why() -> None:
+    judge = LocalJudge()
+
+    def skipped(item: EvalInput, metric: str) -> str | None:
+        s = judge.evaluate_sync(item, [metric]).get(metric)
+        assert s is not None
+        if s.skipped is not None:
+            assert s.value is None
+        return s.skipped
+
+    assert skipped(EvalInput(QUESTION, (CONTEXT,), ""), F) == "empty_answer"
+    assert skipped(EvalInput(QUESTION, (CONTEXT,), " \n\t "), F) == "empty_answer"
+    assert skipped(EvalInput(QUESTION, (), "Some answer."), F) == "no_contexts"
+    assert skipped(EvalInput(QUESTION, ("", "  "), "Some answer."), F) == "no_contexts"
+    assert skipped(EvalInput(QUESTION, (), "", kind="preflight"), semconv.CONTEXT_PRECISION) == "no_contexts"
+    assert skipped(EvalInput("", (CONTEXT,), ""), semconv.CONTEXT_PRECISION) == "empty_question"
+    assert skipped(EvalInput("  ", (CONTEXT,), "x"), semconv.ANSWER_RELEVANCY) == "empty_question"
+    assert skipped(EvalInput(QUESTION, (CONTEXT,), ""), semconv.ANSWER_RELEVANCY) == "empty_answer"
+    assert skipped(EvalInput(QUESTION, (CONTEXT,), "x"), semconv.CONTEXT_RECALL) == "no_reference"
+    blank_reference = EvalInput(QUESTION, (CONTEXT,), "x", reference=" ")
+    assert skipped(blank_reference, semconv.CONTEXT_RECALL) == "no_reference"
+    assert skipped(EvalInput(QUESTION, (CONTEXT,), "x"), "toxicity") == "unsupported_metric"
+
+
+# --- the other metrics ----------------------------------------------------------------------------
+
+
+def test_context_precision_rewards_relevant_contexts_ranked_first() -> None:
+    relevant = CONTEXT
+    noise = ("The weather in Oslo was mild last winter.", "Bananas are rich in potassium.")
+    judge = LocalJudge()
+
+    def cp(contexts: tuple[str, ...]) -> float:
+        item = EvalInput(QUESTION, contexts, "", kind="preflight")
+        score = judge.evaluate_sync(item, [semconv.CONTEXT_PRECISION]).get(semconv.CONTEXT_PRECISION)
+        assert score is not None and score.value is not None
+        return score.value
+
+    first = cp((relevant, *noise))
+    last = cp((*noise, relevant))
+    none = cp(noise)
+    assert first > last > none
+    assert first >= 0.9
+    assert none == 0.0
+
+
+def test_answer_relevancy() -> None:
+    judge = LocalJudge()
+
+    def ar(answer: str) -> float:
+        s = judge.evaluate_sync(EvalInput(QUESTION, (CONTEXT,), answer), [semconv.ANSWER_RELEVANCY])
+        score = s.get(semconv.ANSWER_RELEVANCY)
+        assert score is not None and score.value is not None
+        return score.value
+
+    on_topic = ar("Two graduate students founded the company in 1998.")
+    off_topic = ar("Bananas are rich in potassium.")
+    refusal = ar("I'm sorry, I cannot answer that from the provided documents.")
+    assert on_topic == 1.0
+    assert off_topic < on_topic
+    assert refusal == 0.0
+
+
+def test_context_recall() -> None:
+    judge = LocalJudge()
+
+    def cr(reference: str) -> float:
+        item = EvalInput(QUESTION, (CONTEXT,), "x", reference=reference)
+        score = judge.evaluate_sync(item, [semconv.CONTEXT_RECALL]).get(semconv.CONTEXT_RECALL)
+        assert score is not None and score.value is not None
+        return score.value
+
+    assert cr("Two graduate students founded the company in 1998.") == 1.0
+    assert cr("It was founded in 1998. Its first office was in Seattle.") == 0.5
+
+
+# --- interface, concurrency, robustness ------------------------------------------------------------
+
+
+def test_async_and_sync_agree_and_protocol() -> None:
+    judge = create_judge("local", Settings(), tier="checkpoint")
+    assert isinstance(judge, LocalJudge) and isinstance(judge, Judge)
+    answer = CONTEXT + " It later expanded to Europe in 2003."
+    item = EvalInput(QUESTION, (CONTEXT,), answer, reference=CONTEXT)
+    sync = judge.evaluate_sync(item, METRICS)
+
+    async def run() -> JudgeResult:
+        try:
+            return await judge.evaluate(item, METRICS)
+        finally:
+            await judge.aclose()
+
+    result = asyncio.run(run())
+    assert result == sync
+    assert result.judge == "local"
+    assert [s.name for s in result.scores] == list(METRICS)
+    # large inputs go through a worker thread and still agree
+    big = EvalInput(QUESTION, (CONTEXT * 2000,), item.answer)
+    assert asyncio.run(LocalJudge().evaluate(big, [F])) == LocalJudge().evaluate_sync(big, [F])
+
+
+def test_concurrent_threads_agree_with_serial() -> None:
+    judge = LocalJudge(index_cache_size=2, claim_cache_size=8)
+    items = [
+        EvalInput(QUESTION, (CONTEXT, f"Context {k} mentions Berlin."), f"{CONTEXT} Office {k} is in Berlin.")
+        for k in range(12)
+    ]
+    expected = [LocalJudge().evaluate_sync(it, METRICS) for it in items]
+    results: dict[int, list[JudgeResult]] = {}
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            results[n] = [judge.evaluate_sync(it, METRICS) for _ in range(5) for it in items]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for got in results.values():
+        assert got == expected * 5
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    question=st.text(max_size=80),
+    contexts=st.lists(st.text(max_size=200), max_size=3),
+    answer=st.text(max_size=300),
+    reference=st.none() | st.text(max_size=100),
+)
+def test_never_raises_on_arbitrary_text(
+    question: str, contexts: list[str], answer: str, reference: str | None
+) -> None:
+    item = EvalInput(question, tuple(contexts), answer, reference=reference)
+    result = LocalJudge().evaluate_sync(item, METRICS)
+    assert len(result.scores) == len(METRICS)
+    for s in result.scores:
+        assert s.skipped != "error", s.explanation
+        assert (s.value is None) == (s.skipped is not None)
+
+
+def test_odd_unicode_and_non_english() -> None:
+    judge = LocalJudge()
+    odd = "\ud800\u200b\ufeff Ⅻ ﬁ x\u0301 \x00 🙂. 公司成立于1998年。 Die Firma wurde 1998 gegründet."
+    result = judge.evaluate_sync(EvalInput(odd, (odd,), odd, reference=odd), METRICS)
+    assert all(s.skipped != "error" for s in result.scores)
+    zh_context = ("公司成立于1998年。",)
+    zh = judge.evaluate_sync(EvalInput("公司何时成立?", zh_context, "公司成立于1998年。"), [F])
+    assert zh.scores[0].value == 1.0
+    zh_wrong = judge.evaluate_sync(EvalInput("公司何时成立?", zh_context, "公司成立于2005年。"), [F])
+    assert zh_wrong.scores[0].value == 0.0
+
+
+def _time_judgement(n_sentences: int) -> float:
+    sentence = "The company opened office number {k} in Palo Alto in 1998 and hired {k} engineers there. "
+    text = "".join(sentence.format(k=k) for k in range(n_sentences))
+    item = EvalInput(QUESTION, (text,), text, reference=text[:50_000])
+    t0 = time.perf_counter()
+    result = LocalJudge().evaluate_sync(item, METRICS)
+    elapsed = time.perf_counter() - t0
+    assert all(s.skipped != "error" for s in result.scores)
+    return elapsed
+
+
+def test_huge_input_stays_near_linear() -> None:
+    small = _time_judgement(1_000)  # ~90 KB
+    large = _time_judgement(11_000)  # ~1 MB answer and context
+    # quadratic work would make this ratio ~120; allow for a busy machine
+    assert large / small < 40, (small, large)
+    assert large < 60
+
+
+def test_single_huge_sentence_and_repetitive_text() -> None:
+    judge = LocalJudge()
+    blob = "word and other " * 20_000  # no sentence end, an "and" every three words
+    caps = "Alpha Beta Gamma " * 20_000
+    for answer in (blob, caps, "1,000 2.5 million 3% " * 15_000):
+        result = judge.evaluate_sync(EvalInput("What?", (blob,), answer), METRICS)
+        assert all(s.skipped != "error" for s in result.scores)
