@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -117,7 +118,7 @@ def run(data_dir: Path, threshold: float) -> dict[str, Any]:
                 "n": len(pairs),
             }
     return {
-        "data": str(data_dir),
+        "data": os.path.relpath(data_dir.resolve(), REPO),  # no machine-specific absolute path
         "samples": len(samples),
         "hallucinated": sum(truth),
         "skipped": sum(v is None for v in values),
