@@ -1,0 +1,1 @@
+"""Offline harnesses: replay recorded streams through the real guard and processor."""
