@@ -180,8 +180,10 @@ def test_emit_never_blocks_and_memory_stays_bounded_while_the_backend_hangs(
         sink.shutdown(timeout_millis=300)  # must not wait for the hanging server
         shutdown_s = time.monotonic() - t0
         release.set()
+    # microseconds, not the 30 s the server hangs; the tail is GIL hand-offs with the worker/server threads
     assert statistics.median(durations) < 50e-6, statistics.median(durations)
-    assert max(durations) < 20e-3, max(durations)
+    assert sorted(durations)[int(len(durations) * 0.99)] < 1e-3
+    assert max(durations) < 0.25, max(durations)
     assert shutdown_s < 2.0
     final = sink.stats
     assert final.sent_items == 0
