@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import hashlib
 import json
 import math
@@ -99,6 +100,35 @@ def embed(text: str, dim: int = 64) -> list[float]:
     return [v / norm for v in vec]
 
 
+def _unfenced_inputs(text: str) -> collections.defaultdict[str, list[str]]:
+    out: collections.defaultdict[str, list[str]] = collections.defaultdict(list)
+    m = re.search(r"Answer to check:\s*\n(.*)\Z", text, re.S)  # our llm judge
+    if m:
+        out["answer"].append(m.group(1))
+    idx = text.rfind("input: {")  # ragas: the input model as JSON
+    if idx != -1:
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(text, idx + len("input: "))
+        except ValueError:
+            obj = {}
+        for key, source in (("question", "question"), ("answer", "answer"), ("response", "answer"),
+                            ("context", "context"), ("statements", "statement")):
+            value = obj.get(key)
+            if isinstance(value, list):
+                out[source].extend(str(v) for v in value)
+            elif value:
+                out[source].append(str(value))
+    for label, source in (("AI Output", "answer"), ("Text", "answer"), ("Retrieval Contexts", "context")):
+        m = re.search(rf"^{label}:\s*\n(.*?)\n\s*\n(?:JSON|Claims):", text, re.S | re.M)
+        if m:
+            out[source].append(m.group(1))
+    m = re.search(r"^Claims:\s*\n(\[.*?\])\s*\n\s*\nJSON:", text, re.S | re.M)
+    if m:
+        with contextlib.suppress(ValueError):
+            out["claim"].extend(str(c) for c in json.loads(m.group(1)))
+    return out
+
+
 class Brain:
     """Recognises the judge task in a prompt and answers it."""
 
@@ -114,11 +144,10 @@ class Brain:
         ctx_words: set[str] = set()
         for c in by_source["context"]:
             ctx_words |= words(c)
+        if not data:  # an unfenced prompt: read the inputs where each framework's template puts them
+            by_source = _unfenced_inputs(text)
         question = " ".join(by_source["question"])
         answer = " ".join(by_source["answer"])
-        if not answer:  # an unfenced prompt: the answer follows its label
-            m = re.search(r"Answer(?: to check)?:\s*\n(.*)\Z", text, re.S)
-            answer = m.group(1) if m else ""
         task = self._task(text)
         self.tasks.append(task + (":obeyed" if obey else ""))
         claims = sentences(answer)
@@ -395,6 +424,7 @@ def _tokens(text: str) -> int:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # concurrency tests open many connections at once
     owner: ScriptedLLMServer
 
 

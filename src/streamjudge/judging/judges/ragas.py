@@ -38,6 +38,8 @@ from streamjudge.judging.judges.llm import llm_settings_for, skip_reason
 Tier = Literal["checkpoint", "final"]
 
 DEFAULT_EMBEDDING_MODEL = "text-embedding-3-small"
+#: instructor re-asks the model once when its answer does not match the schema
+REASKS = 1
 
 
 def _quiet_ragas() -> None:
@@ -91,7 +93,10 @@ class RagasJudge:
         self.client: OpenAIChatClient | AnthropicChatClient = make_chat_client(llm)
         provider = "anthropic" if isinstance(self.client, AnthropicChatClient) else "openai"
         # one instructor-patched LLM around the one shared SDK client; the SDK does not retry (the pool does)
-        self._llm = llm_factory(self.client.model, provider=provider, client=self.client.sdk)
+        # max_retries is instructor's re-ask on an answer that fails the schema (one repair attempt);
+        # transport errors are not retried here: the pool does that
+        self._llm = llm_factory(self.client.model, provider=provider, client=self.client.sdk,
+                                max_retries=REASKS)
         if provider == "anthropic":
             # ragas sends temperature/top_p, which recent Anthropic SDKs no longer accept
             sdk: Any = self.client.sdk
