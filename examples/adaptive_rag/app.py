@@ -30,7 +30,7 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from sse_starlette import EventSourceResponse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import rag  # noqa: E402  (the example's own module, next to this file)
+import rag
 
 
 def create_app() -> FastAPI:
@@ -76,9 +76,11 @@ def create_app() -> FastAPI:
         except WebSocketDisconnect:
             return
 
+    page_html = (Path(__file__).resolve().parent / "index.html").read_text()
+
     @app.get("/")
     async def page() -> HTMLResponse:
-        return HTMLResponse((Path(__file__).resolve().parent / "index.html").read_text())
+        return HTMLResponse(page_html)
 
     return app
 

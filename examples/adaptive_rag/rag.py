@@ -67,10 +67,10 @@ CORPUS: tuple[Document, ...] = (
     ),
 )
 
-_STOP = frozenset(
+_STOP = frozenset(re.findall(r"\S+",
     "a an and are as at be by did does for from has have how in is it its many much of on or the this "
-    "to was were what when where which who whom why with tell me about long tall high".split()
-)
+    "to was were what when where which who whom why with tell me about long tall high"
+))
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'-]*")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 

@@ -142,7 +142,9 @@ class OTLPReceiver:
         with self._lock:
             return list(self.spans)
 
-    def wait_for(self, predicate: Callable[[list[SpanRecord]], bool], timeout: float = 30.0) -> list[SpanRecord]:
+    def wait_for(
+        self, predicate: Callable[[list[SpanRecord]], bool], timeout: float = 30.0
+    ) -> list[SpanRecord]:
         """Poll until ``predicate(spans)`` is true; returns the spans (raises AssertionError on timeout)."""
         deadline = time.monotonic() + timeout
         while True:

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from streamjudge import semconv
 from instrumentation.otlp_receiver import OTLPReceiver, SpanRecord
+from streamjudge import semconv
 
 pytestmark = pytest.mark.integration
 
@@ -55,7 +55,8 @@ def _start(mode: str, receiver: OTLPReceiver, port: int) -> subprocess.Popen[str
         cmd = [str(BIN / "opentelemetry-instrument"), *cmd]
     else:
         cmd.append("--instrument-app")
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -121,7 +122,9 @@ def _judged(spans: list[SpanRecord], n: int) -> bool:
     return len(streams) >= n
 
 
-def test_grounded_and_hallucinating_answers_are_traced_and_judged(served: tuple[str, int, OTLPReceiver]) -> None:
+def test_grounded_and_hallucinating_answers_are_traced_and_judged(
+    served: tuple[str, int, OTLPReceiver],
+) -> None:
     mode, port, receiver = served
     grounded = _sse(port, "/chat", q=QUESTION)
     invented = _sse(port, "/chat/raw", q=QUESTION, hallucinate=1)
@@ -129,7 +132,8 @@ def test_grounded_and_hallucinating_answers_are_traced_and_judged(served: tuple[
 
     for frames, hallucinating in ((grounded, False), (invented, True)):
         answer = "".join(str(p["token"]) for e, p in frames if e == "token")
-        assert answer and "yes" not in answer.split() and "grounded" not in answer  # grader/reflector stay out
+        # the grader ("yes") and the reflector ("grounded") never reach the answer
+        assert answer and "yes" not in answer.split() and "grounded" not in answer
         trace = _trace_of(spans, answer)
         by_name = {s.name: s for s in trace}
         server = next(s for s in trace if not s.parent_span_id)

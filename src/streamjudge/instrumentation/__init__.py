@@ -14,7 +14,7 @@ from collections.abc import Collection
 from typing import Any
 
 from opentelemetry.instrumentation.dependencies import DependencyConflict, get_dependency_conflicts
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
 from wrapt import wrap_function_wrapper
 
@@ -22,8 +22,8 @@ from streamjudge import semconv
 from streamjudge._version import __version__
 from streamjudge.config import Settings
 from streamjudge.instrumentation._asgi import FrameHook, StreamJudgeMiddleware, default_frame_hook
-from streamjudge.instrumentation._sse import DEFAULT_TOKEN_EVENTS, SSEFrame, TokenExtractor
 from streamjudge.instrumentation._setup import ensure_runtime
+from streamjudge.instrumentation._sse import DEFAULT_TOKEN_EVENTS, SSEFrame, TokenExtractor
 from streamjudge.instrumentation.package import _instruments, _instruments_any
 
 __all__ = [
@@ -41,7 +41,8 @@ _log = logging.getLogger(__name__)
 
 
 def _unwrap(obj: Any, attr: str) -> None:
-    func = getattr(obj, attr, None)
+    # read the class dict, not the attribute: a descriptor would hand back a fresh bound wrapper
+    func = vars(obj).get(attr)
     if func is not None and hasattr(func, "__wrapped__"):
         setattr(obj, attr, func.__wrapped__)
 
@@ -138,7 +139,8 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             except Exception:
                 _log.exception("streamjudge: could not instrument %r", instance)
 
-        for module, cls_name in (("starlette.applications", "Starlette"), ("fastapi.applications", "FastAPI")):
+        targets = (("starlette.applications", "Starlette"), ("fastapi.applications", "FastAPI"))
+        for module, cls_name in targets:
             try:
                 mod = __import__(module, fromlist=[cls_name])
             except ImportError:
@@ -220,7 +222,7 @@ def instrument_app(
                 FastAPIInstrumentor.instrument_app(app, tracer_provider=rt.tracer_provider,
                                                    exclude_spans=["send", "receive"])
         except ImportError:
-            _log.debug("opentelemetry-instrumentation-fastapi not installed: the middleware opens request spans")
+            _log.debug("opentelemetry-instrumentation-fastapi missing: the middleware opens request spans")
     options: dict[str, Any] = {
         "token_field": token_field if token_field is not None else settings.sse_token_field,
         "token_events": token_events,
@@ -235,7 +237,9 @@ def instrument_app(
 
 def uninstrument_app(app: Any) -> None:
     """Remove streamjudge's middleware from ``app`` (request spans, if we added them, stay)."""
-    app.user_middleware[:] = [m for m in app.user_middleware if getattr(m, "cls", None) is not StreamJudgeMiddleware]
+    app.user_middleware[:] = [
+        m for m in app.user_middleware if getattr(m, "cls", None) is not StreamJudgeMiddleware
+    ]
     if app.middleware_stack is not None:
         app.middleware_stack = app.build_middleware_stack()
     if hasattr(app, "_streamjudge_instrumented"):

@@ -14,6 +14,7 @@ work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -104,10 +105,8 @@ async def finish_stream(binding: StreamBinding, *, wait_s: float | None = None) 
     woke = asyncio.Event()
 
     def notify() -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # loop closed: nobody waits any more
             loop.call_soon_threadsafe(woke.set)
-        except RuntimeError:  # loop closed: nobody waits any more
-            pass
 
     events: list[StreamEvent] = []
     session.set_notify(notify)
@@ -123,10 +122,8 @@ async def finish_stream(binding: StreamBinding, *, wait_s: float | None = None) 
                     break
                 woke.clear()
                 if not session.has_events:
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(woke.wait(), remaining)
-                    except TimeoutError:
-                        pass
         events.extend(binding.take_events())
     finally:
         session.set_notify(None)
@@ -181,7 +178,8 @@ class StreamJudgeMiddleware:
         if not span_ctx.is_valid:
             # no server instrumentation in front of us: the stream still needs a trace to live in
             method = scope.get("method", "WS") if owner == "http" else "WS"
-            own_span = self._tracer.start_span(f"{method} {scope.get('path', '')}", kind=trace.SpanKind.SERVER)
+            name = f"{method} {scope.get('path', '')}"
+            own_span = self._tracer.start_span(name, kind=trace.SpanKind.SERVER)
             ctx = trace.set_span_in_context(own_span, ctx)
             span_ctx = own_span.get_span_context()
         binding = StreamBinding(span_ctx.trace_id, owner=owner, parent=ctx)

@@ -65,6 +65,9 @@ class StreamBinding:
                 session = self._open()
             if not session.stopped:
                 session.accept(token)
+                if self.owner == "graph" and session.has_events:
+                    # nobody delivers a graph-only stream's events: apply verdicts now so alerts count
+                    self._pending.extend(session.drain())
 
     @property
     def has_events(self) -> bool:

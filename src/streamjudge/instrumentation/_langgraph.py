@@ -71,7 +71,7 @@ def _text_of(item: Any) -> str | None:
 
 
 def find_question(state: Any) -> str | None:
-    """The user's question in a graph state / node input (``question``-like keys or the last human message)."""
+    """The user's question in a graph state or node input (question-like key or the last human message)."""
     if isinstance(state, str):
         return state or None
     if not isinstance(state, Mapping):
@@ -85,8 +85,10 @@ def find_question(state: Any) -> str | None:
         for m in reversed(messages):
             if getattr(m, "type", None) == "human" and isinstance(getattr(m, "content", None), str):
                 return str(m.content)
-            if isinstance(m, Mapping) and m.get("role") in ("user", "human") and isinstance(m.get("content"), str):
-                return str(m["content"])
+            if isinstance(m, Mapping) and m.get("role") in ("user", "human"):
+                content = m.get("content")
+                if isinstance(content, str):
+                    return content
     return None
 
 
@@ -103,9 +105,11 @@ def find_contexts(state: Any) -> list[str] | None:
     return None
 
 
-def _llm_token_text(token: str, chunk: Any) -> str:
-    if token:
+def _llm_token_text(token: str | list[str | dict[str, Any]], chunk: Any) -> str:
+    if isinstance(token, str) and token:
         return token
+    if isinstance(token, list):  # content blocks
+        return "".join(b if isinstance(b, str) else str(b.get("text", "")) for b in token)
     # content-block models (Anthropic) deliver the text in the chunk, not in ``token``
     message = getattr(chunk, "message", None)
     content = getattr(message, "content", None)
@@ -176,7 +180,9 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         run = self._new_run(run_id, parent_run_id, metadata)
         name = kwargs.get("name")
         root = parent_run_id is None or parent is None
-        run.is_node = run.node is not None and name == run.node and (parent is None or parent.node != run.node)
+        run.is_node = (
+            run.node is not None and name == run.node and (parent is None or parent.node != run.node)
+        )
         if root:
             sid = (metadata or {}).get("thread_id") or (metadata or {}).get("session_id")
             self._register(run.trace_id, question=find_question(inputs),
@@ -287,7 +293,9 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
             and not (tags and _NOSTREAM_TAGS.intersection(tags))
         )
 
-    def on_llm_new_token(self, token: str, *, chunk: Any = None, run_id: UUID, **kwargs: Any) -> None:
+    def on_llm_new_token(
+        self, token: str | list[str | dict[str, Any]], *, chunk: Any = None, run_id: UUID, **kwargs: Any
+    ) -> None:
         run = self._runs.get(run_id)
         if run is None or not run.answer:
             return
@@ -323,7 +331,8 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
     def on_retriever_end(self, documents: Sequence[Any], *, run_id: UUID, **kwargs: Any) -> None:
         run = self._runs.pop(run_id, None)
         if run is not None:
-            self._register(run.trace_id, contexts=[t for t in (_text_of(d) for d in documents) if t is not None])
+            texts = [t for t in (_text_of(d) for d in documents) if t is not None]
+            self._register(run.trace_id, contexts=texts)
 
     def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._runs.pop(run_id, None)

@@ -53,14 +53,16 @@ def configure_from_env(settings: Settings | None = None, **sdk_kwargs: Any) -> R
     _initialize_components(**sdk_kwargs)
     provider = sdk_provider()
     if provider is None:  # the global provider was set (by someone else) before us and is not the SDK's
-        _log.warning("streamjudge: the global tracer provider is not an SDK provider; judging in a private one")
+        _log.warning("streamjudge: the global tracer provider is not the SDK's; judging in a private one")
         return configure(settings, set_global=False)
     rt = configure(settings, tracer_provider=provider)
     rt.take_over_export(provider)
     return rt
 
 
-def ensure_runtime(settings: Settings | None = None, tracer_provider: SDKTracerProvider | None = None) -> Runtime:
+def ensure_runtime(
+    settings: Settings | None = None, tracer_provider: SDKTracerProvider | None = None
+) -> Runtime:
     """The runtime, configured now if needed.
 
     - already configured (the distro ran, or the app called ``configure``): used as it is;

@@ -44,7 +44,7 @@ class SSEParser:
 
     def feed(self, chunk: bytes | str) -> list[SSEFrame]:
         """Frames completed by ``chunk`` (possibly none)."""
-        text = chunk.decode("utf-8", "replace") if isinstance(chunk, bytes | bytearray | memoryview) else chunk
+        text = chunk if isinstance(chunk, str) else bytes(chunk).decode("utf-8", "replace")
         buf = self._buf + text
         # normalise line ends, but keep a trailing "\r": it may be the first half of "\r\n"
         tail_cr = buf.endswith("\r")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from opentelemetry.instrumentation.distro import BaseDistro
+from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 
 from streamjudge.instrumentation._setup import apply_env_defaults, configure_from_env, sdk_provider
@@ -25,7 +25,7 @@ _log = logging.getLogger(__name__)
 _ASGI_INSTRUMENTATIONS = frozenset({"fastapi", "starlette", "asgi"})
 
 
-class StreamJudgeDistro(BaseDistro):
+class StreamJudgeDistro(BaseDistro):  # type: ignore[misc]
     """Sets exporter defaults like the OpenTelemetry distro and tunes the ASGI instrumentations."""
 
     def _configure(self, **kwargs: Any) -> None:

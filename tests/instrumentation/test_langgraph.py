@@ -1,0 +1,63 @@
+"""LangGraph instrumentation in process: node spans, context capture, answer-only tokens, uninstrument."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import langchain_core.callbacks as cb
+from openinference.instrumentation.langchain._tracer import OpenInferenceTracer
+
+from streamjudge import semconv
+from streamjudge.instrumentation import StreamJudgeInstrumentor, _binding
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "adaptive_rag"))
+import rag
+
+
+def _run(graph: object, question: str, hallucinate: bool = False) -> str:
+    async def go() -> str:
+        out = []
+        async for event, payload in rag.stream_answer(graph, question, hallucinate=hallucinate):
+            if event == "token":
+                out.append(payload["token"])
+        return "".join(out)
+
+    return asyncio.run(go())
+
+
+def test_node_spans_contexts_and_answer_stream(harness) -> None:  # type: ignore[no-untyped-def]
+    rt = harness.configure(end_wait_s=0.5)
+    original_init = vars(cb.BaseCallbackManager)["__init__"]
+    original_start = vars(OpenInferenceTracer)["_start_trace"]
+    inst = StreamJudgeInstrumentor()
+    inst.instrument()
+    try:
+        graph = rag.build_graph()
+        with rt.tracer.start_as_current_span("request") as req:
+            answer = _run(graph, "How tall is the Eiffel Tower?", hallucinate=True)
+            trace_id = req.get_span_context().trace_id
+        inputs = rt.contexts.get(trace_id)
+        assert inputs is not None
+        assert inputs.question == "How tall is the Eiffel Tower?"
+        assert inputs.contexts == (rag.CORPUS[0].page_content,)  # the graded documents, not the query
+        spans = harness.spans()
+        nodes = {s.attributes[semconv.NODE_NAME]: s for s in spans if semconv.NODE_NAME in s.attributes}
+        assert set(nodes) == {"retrieve", "grade", "generate", "reflect"}
+        assert all(s.attributes[semconv.NODE_ELAPSED_MS] > 0 for s in nodes.values())
+        # the graph-owned stream: only the generate node's tokens, flagged because it invents facts
+        stream = next(s for s in spans if s.name == semconv.SPAN_STREAM)
+        assert stream.context.trace_id == trace_id
+        assert stream.attributes[semconv.STREAM_ANSWER] == answer
+        assert stream.attributes[semconv.STREAM_ALERTS] >= 1
+        assert stream.attributes[semconv.score_attribute(semconv.FAITHFULNESS)] < 0.5
+        assert _binding.active_count() == 0
+    finally:
+        inst.uninstrument()
+    assert vars(cb.BaseCallbackManager)["__init__"] is original_init
+    assert vars(OpenInferenceTracer)["_start_trace"] is original_start
+    # after uninstrument nothing of ours runs any more
+    harness.exporter.clear()
+    _run(rag.build_graph(), "How tall is the Eiffel Tower?")
+    assert not [s for s in harness.spans() if s.name == semconv.SPAN_STREAM]
