@@ -96,6 +96,8 @@ class Settings:
     retry_backoff_s: float = 0.2
     per_stream_budget: int = 64
     global_budget_per_minute: int = 0  # 0 = unlimited
+    # most of one core's time the judge pool's thread may use (local judge, callbacks); 0 = no cap
+    judge_cpu_share: float = 0.15
     hold_timeout_s: float = 60.0  # longest a judged span is held for its scores before export
     # content capture: off -> spans carry length + sha256 instead of the text
     capture_content: bool = True
@@ -212,6 +214,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "retry_backoff_s": ("RETRY_BACKOFF", _float),
     "per_stream_budget": ("STREAM_BUDGET", _int),
     "global_budget_per_minute": ("GLOBAL_BUDGET_PER_MINUTE", _int),
+    "judge_cpu_share": ("JUDGE_CPU_SHARE", _float),
     "hold_timeout_s": ("HOLD_TIMEOUT", _float),
     "capture_content": ("CAPTURE_CONTENT", _bool),
     "max_text_attribute_chars": ("MAX_TEXT_CHARS", _int),

@@ -207,6 +207,7 @@ def configure(
         per_stream_budget=settings.per_stream_budget,
         global_budget_per_minute=settings.global_budget_per_minute,
         max_queue_wait_s=settings.hold_timeout_s,
+        cpu_share=settings.judge_cpu_share,
         meter_provider=meter_provider,
     )
     if downstream is None and exporter is not None:

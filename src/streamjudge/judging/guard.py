@@ -14,6 +14,7 @@ import hashlib
 import logging
 import threading
 import time
+from time import perf_counter
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from streamjudge.runtime import Runtime
 
 _log = logging.getLogger(__name__)
+
+
+_new_event = tuple.__new__
 
 
 class StreamEvent(NamedTuple):
@@ -709,7 +713,13 @@ def _sha256(text: str) -> str:
 
 
 class _AsyncWaker:
-    """Wakes the stream's event loop from the pool's thread when a verdict arrives."""
+    """Wakes the stream's event loop from the pool's thread when a verdict arrives.
+
+    Only a driver that is actually waiting is woken (a cross-thread wake-up costs a pipe write and a loop
+    iteration); a busy driver sees ``has_events`` before its next yield anyway. The driver publishes its
+    future before it re-checks the flag, and the pool sets the flag before it reads the future, so one
+    of the two always sees the other.
+    """
 
     __slots__ = ("_flag", "_fut", "_loop")
 
@@ -720,6 +730,9 @@ class _AsyncWaker:
 
     def notify(self) -> None:
         self._flag = True
+        fut = self._fut
+        if fut is None or fut.done():
+            return
         try:
             self._loop.call_soon_threadsafe(self._wake)
         except RuntimeError:  # loop already closed: nobody is waiting any more
@@ -731,17 +744,24 @@ class _AsyncWaker:
             fut.set_result(None)
 
     async def wait(self, other: asyncio.Future[Any] | None, timeout: float | None) -> None:
-        if self._flag:
-            self._flag = False
-            return
         fut = self._fut = self._loop.create_future()
-        aws: set[asyncio.Future[Any]] = {fut}
-        if other is not None:
-            aws.add(other)
-        await asyncio.wait(aws, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if not fut.done():
-            fut.cancel()
-        self._flag = False
+        try:
+            if self._flag:
+                return
+            aws: set[asyncio.Future[Any]] = {fut}
+            if other is not None:
+                aws.add(other)
+            await asyncio.wait(aws, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._fut = None
+            if not fut.done():
+                fut.cancel()
+            self._flag = False
+
+
+# a source slower than this between tokens is raced against verdicts, so a warning is not held back
+# until the next token; a faster one is awaited directly (a verdict then waits at most one token gap)
+_RACE_GAP_S = 0.001
 
 
 class GuardedStream:
@@ -771,6 +791,8 @@ class GuardedStream:
         nxt: asyncio.Future[Any] | None = None
         outcome = "completed"
         hold = s.hold_back
+        slow = False  # measured while verdicts are in flight
+        nxt_started = 0.0
         try:
             for ev in s.start():
                 yield ev
@@ -781,7 +803,11 @@ class GuardedStream:
                     await waker.wait(nxt, deadline - loop.time())
                     for ev in s.drain():
                         yield ev
-            while not s.stopped:
+            pending = s._pending  # the set itself: its truthiness is the cheapest "verdicts in flight?"
+            accept = s.accept
+            new_event = _new_event
+            broken = False
+            while True:
                 if s.has_events:
                     for ev in s.drain():
                         yield ev
@@ -791,14 +817,21 @@ class GuardedStream:
                             nxt = None
                         await _aclose(source)
                         source = _to_async(s.open_regeneration(s.begin_regeneration()))
+                        pending = s._pending
                         continue
-                    if s.stopped:
+                if s.stopped:
+                    break
+                if not pending and nxt is None and not s.preflight_pending:
+                    # the fast path: nothing in flight, just the next token
+                    try:
+                        tok = await source.__anext__()
+                    except StopAsyncIteration:
                         break
-                if s.outstanding or s.preflight_pending:
-                    # verdicts in flight: race the next token against them so a warning is not held
-                    # back by a slow source
+                elif (pending and slow) or s.preflight_pending:
+                    # verdicts in flight and a slow source: race the next token against them
                     if nxt is None:
-                        nxt = asyncio.ensure_future(anext(source))
+                        nxt_started = perf_counter()
+                        nxt = asyncio.ensure_future(source.__anext__())
                     if not nxt.done():
                         await waker.wait(nxt, None)
                         if not nxt.done():
@@ -808,6 +841,7 @@ class GuardedStream:
                         tok = fut.result()
                     except StopAsyncIteration:
                         break
+                    slow = perf_counter() - nxt_started > _RACE_GAP_S
                 elif nxt is not None:
                     fut, nxt = nxt, None
                     try:
@@ -815,18 +849,26 @@ class GuardedStream:
                     except StopAsyncIteration:
                         break
                 else:
+                    t0 = perf_counter()
                     try:
-                        tok = await anext(source)
+                        tok = await source.__anext__()
                     except StopAsyncIteration:
                         break
+                    slow = perf_counter() - t0 > _RACE_GAP_S
+                if broken:
+                    if isinstance(tok, str) and tok:
+                        yield new_event(StreamEvent, ("token", tok, None))
+                    continue
                 try:
-                    text = s.accept(tok)
+                    text = accept(tok)
                 except Exception:  # our bug must not break the user's stream: pass tokens through
                     _log.exception("streamjudge: guard failed on a token; passing the stream through")
+                    broken = True
                     text = tok if isinstance(tok, str) else None
                     hold = False
                 if text is not None and not hold:
-                    yield StreamEvent("token", text)
+                    # tuple.__new__ skips NamedTuple's Python-level __new__: this runs per token
+                    yield new_event(StreamEvent, ("token", text, None))
             if nxt is not None:
                 nxt.cancel()
                 nxt = None

@@ -99,6 +99,8 @@ class JudgePool:
         per_stream_budget: int = 0,
         global_budget_per_minute: int = 0,
         max_queue_wait_s: float = 60.0,
+        cpu_share: float = 0.0,
+        cpu_burst_s: float = 0.05,
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
         self._concurrency = concurrency
@@ -110,6 +112,10 @@ class JudgePool:
         self._per_stream_budget = per_stream_budget
         self._global_budget = global_budget_per_minute
         self._max_queue_wait_s = max_queue_wait_s
+        # the pool thread's CPU (judges, callbacks) is taken from the application under the GIL: cap its
+        # share of wall time, allowing a burst so an isolated checkpoint is judged at once
+        self._cpu_share = cpu_share if 0.0 < cpu_share < 1.0 else 0.0
+        self._cpu_burst = cpu_burst_s
         self._judges: set[Judge] = set()
         meter = metrics.get_meter(semconv.METER_NAME, meter_provider=meter_provider)
         self._m_duration = meter.create_histogram(
@@ -152,6 +158,7 @@ class JudgePool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._wake: asyncio.Event | None = None
+        self._sleeping = False
 
     @property
     def depth(self) -> int:
@@ -196,7 +203,8 @@ class JudgePool:
             self._finish(job, JobOutcome(refused))
             return False
         loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None:
+        # a busy dispatcher finds the job on its own; only a sleeping one needs the (costly) wake-up
+        if self._sleeping and loop is not None and wake is not None:
             try:
                 loop.call_soon_threadsafe(wake.set)
             except RuntimeError:  # loop closed during shutdown: the job gets "shutdown" from drain
@@ -284,11 +292,23 @@ class JudgePool:
                 return job
             return None
 
+    async def _throttle(self) -> None:
+        now, cpu = time.monotonic(), time.thread_time()
+        self._cpu_debt += cpu - self._cpu_seen
+        self._cpu_seen = cpu
+        self._cpu_debt = max(0.0, self._cpu_debt - (now - self._cpu_at) * self._cpu_share)
+        self._cpu_at = now
+        if self._cpu_debt > self._cpu_burst:
+            await asyncio.sleep((self._cpu_debt - self._cpu_burst) / self._cpu_share)
+
     async def _dispatch(self) -> None:
         assert self._wake is not None
         sem = asyncio.Semaphore(self._concurrency)
+        self._cpu_debt, self._cpu_seen, self._cpu_at = 0.0, time.thread_time(), time.monotonic()
         while True:
             await sem.acquire()
+            if self._cpu_share:
+                await self._throttle()
             job = self._pop()
             while job is None:
                 if self._closed:
@@ -298,10 +318,13 @@ class JudgePool:
                         await asyncio.gather(*pending, return_exceptions=True)
                     return
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=1.0)
-                except TimeoutError:
-                    pass
+                self._sleeping = True
+                job = self._pop()  # re-check after announcing sleep: a submit in between is not lost
+                if job is not None:
+                    self._sleeping = False
+                    break
+                await self._wake.wait()  # submit() and shutdown() set it
+                self._sleeping = False
                 job = self._pop()
             if time.monotonic() - job.enqueued_at > self._max_queue_wait_s:
                 sem.release()
@@ -336,9 +359,9 @@ class JudgePool:
                 attempts += 1
                 started = time.monotonic()
                 try:
-                    result = await asyncio.wait_for(
-                        job.judge.evaluate(job.item, job.metrics), timeout=self._timeout_s
-                    )
+                    # asyncio.timeout, not wait_for: no extra task per call
+                    async with asyncio.timeout(self._timeout_s):
+                        result = await job.judge.evaluate(job.item, job.metrics)
                     self._m_duration.record(time.monotonic() - started, {semconv.METRIC_ATTR_JUDGE: result.judge})
                     outcome = JobOutcome("judged", result, attempts=attempts)
                     break

@@ -1,0 +1,389 @@
+"""streamjudge benchmarks: every figure is a ratio against a baseline measured in the same run.
+
+    python benchmarks/run.py [--quick] [--json]
+
+- hot path: tokens/s of a minimal SSE loop (async source -> json.dumps of a token frame -> encoded
+  ``data:`` line) with ``guard`` inserted (local judge, checkpoints every 2 sentences) vs the same loop
+  without it, source at full speed; per-token overhead in microseconds.
+- inter-token latency under a slow judge (200 ms): p50/p99 gap between tokens with streamjudge vs the
+  naive loop that awaits the judge at each sentence boundary, vs no judging at all.
+- time to alert: from the token that completes a failing checkpoint to the warning event, with the local
+  judge and with a simulated 200 ms judge.
+- judge pool throughput at 8/32/128 concurrent calls with a simulated 300 ms model, vs the ideal.
+
+Answers and contexts come from ../shared/benchdata/faithbench-dev (read in place, never copied); a small
+built-in set is used when it is not there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+import streamjudge  # noqa: E402
+from streamjudge.config import Settings  # noqa: E402
+from streamjudge.judging.base import EvalInput, JudgeResult  # noqa: E402
+from streamjudge.judging.judges.local import LocalJudge  # noqa: E402
+from streamjudge.judging.pool import JobOutcome, JudgeJob, JudgePool  # noqa: E402
+from streamjudge.runtime import _Discard  # noqa: E402
+from streamjudge.sentences import SentenceBuffer  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "benchdata" / "faithbench-dev"
+
+FALLBACK = [
+    (
+        "The company was founded in 1998 in Palo Alto by two graduate students. Its first product was a "
+        "search engine that ranked pages by the links pointing to them.",
+        "The company was founded in 1998 in Palo Alto by two graduate students. It later expanded to Europe "
+        "in 2003. Its first product was a search engine.",
+        True,
+    ),
+    (
+        "The Eiffel Tower is 330 metres tall and was completed in 1889 for the World's Fair in Paris.",
+        "The Eiffel Tower in Paris is 330 metres tall. It was completed in 1889 for the World's Fair.",
+        False,
+    ),
+]
+
+
+def load_samples(limit: int) -> list[tuple[str, str, bool]]:
+    """(context, answer, hallucinated) triples."""
+    out: list[tuple[str, str, bool]] = []
+    for f in sorted(DATA.glob("batch_*.json")):
+        for s in json.loads(f.read_text())["samples"]:
+            bad = any(str(lbl).startswith("Unwanted") for a in s["annotations"] for lbl in a["label"])
+            out.append((s["source"], s["summary"].strip(), bad))
+    return (out or FALLBACK * 50)[:limit]
+
+
+def tokenize(text: str) -> list[str]:
+    """LLM-like chunks: a word and its trailing space, long words cut at 6 chars."""
+    toks: list[str] = []
+    start = 0
+    for i, ch in enumerate(text):
+        if ch == " ":
+            toks.append(text[start : i + 1])
+            start = i + 1
+    if start < len(text):
+        toks.append(text[start:])
+    out: list[str] = []
+    for t in toks:
+        while len(t) > 8:
+            out.append(t[:6])
+            t = t[6:]
+        out.append(t)
+    return out
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return s[k]
+
+
+async def source(tokens: Sequence[str], delay: float = 0.0) -> AsyncIterator[str]:
+    for t in tokens:
+        if delay:
+            await asyncio.sleep(delay)
+        yield t
+
+
+def frame(tok: str) -> bytes:
+    return b"data: " + json.dumps({"type": "token", "text": tok}).encode() + b"\n\n"
+
+
+# --- hot path ------------------------------------------------------------------------------------
+
+
+async def sse_plain(streams: list[tuple[tuple[str, ...], list[str], str]]) -> tuple[float, float]:
+    """(time of the token loops, total time) — the same here: nothing follows the last token."""
+    t0 = time.perf_counter()
+    for _ctx, toks, _q in streams:
+        async for tok in source(toks):
+            frame(tok)
+    t = time.perf_counter() - t0
+    return t, t
+
+
+async def sse_guarded(streams: list[tuple[tuple[str, ...], list[str], str]]) -> tuple[float, float]:
+    """(time from each stream's start to its last token, total time including the end-of-stream wait
+    for verdicts still in flight, which happens after the last token went out)."""
+    tokens_time = 0.0
+    t_all = time.perf_counter()
+    for ctx, toks, q in streams:
+        t0 = last = time.perf_counter()
+        async for ev in streamjudge.guard(source(toks), question=q, contexts=ctx):
+            if ev.type == "token":
+                frame(ev.text)
+                last = time.perf_counter()
+        tokens_time += last - t0
+    return tokens_time, time.perf_counter() - t_all
+
+
+def bench_hot_path(samples: list[tuple[str, str, bool]], repeats: int) -> dict[str, Any]:
+    # answers of chat length: several summaries back to back, their sources as the contexts
+    streams: list[tuple[tuple[str, ...], list[str], str]] = []
+    for i in range(0, len(samples) - 4, 5):
+        group = samples[i : i + 5]
+        ctx = tuple(c for c, _a, _b in group)
+        answer = " ".join(a for _c, a, _b in group)
+        streams.append((ctx, tokenize(answer), "Summarize the passages."))
+    tokens = sum(len(t) for _c, t, _q in streams)
+    rt = streamjudge.configure(Settings(), downstream=_Discard(), set_global=False)
+    plain: list[float] = []
+    guarded: list[float] = []
+    guarded_total: list[float] = []
+    try:
+        asyncio.run(sse_guarded(streams[:3]))  # warm imports, as a running server has them
+        for _ in range(repeats):
+            gc.collect()
+            plain.append(asyncio.run(sse_plain(streams))[0])
+            gc.collect()
+            tok_t, all_t = asyncio.run(sse_guarded(streams))
+            guarded.append(tok_t)
+            guarded_total.append(all_t)
+        rt.force_flush(30_000)
+    finally:
+        rt.shutdown()
+    best_plain, best_guarded = min(plain), min(guarded)
+    return {
+        "hot_path_tokens": tokens,
+        "hot_path_streams": len(streams),
+        "hot_path_tokens_per_s_plain": round(tokens / best_plain),
+        "hot_path_tokens_per_s_guard": round(tokens / best_guarded),
+        "hot_path_ratio": round(best_plain / best_guarded, 3),
+        "per_token_overhead_us": round((best_guarded - best_plain) / tokens * 1e6, 2),
+        # including the wait after the last token for the last checkpoint's verdict (before `done`)
+        "hot_path_ratio_incl_end_wait": round(best_plain / min(guarded_total), 3),
+    }
+
+
+# --- inter-token latency under a slow judge ------------------------------------------------------
+
+
+class SlowJudge:
+    """The local judge's verdicts after a simulated model latency."""
+
+    name = "slow"
+
+    def __init__(self, latency_s: float) -> None:
+        self.latency_s = latency_s
+        self.inner = LocalJudge()
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        await asyncio.sleep(self.latency_s)
+        return self.inner.evaluate_sync(item, metrics)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def itl_no_judge(toks: list[str], delay: float) -> list[float]:
+    gaps: list[float] = []
+    last = time.perf_counter()
+    async for tok in source(toks, delay):
+        frame(tok)
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    return gaps[1:]
+
+
+async def itl_naive(toks: list[str], delay: float, ctx: tuple[str, ...], judge: SlowJudge) -> list[float]:
+    gaps: list[float] = []
+    buf = SentenceBuffer()
+    last = time.perf_counter()
+    async for tok in source(toks, delay):
+        if buf.feed(tok):  # a sentence ended: the naive loop awaits the judge inline
+            await judge.evaluate(EvalInput("q", ctx, buf.text(), "checkpoint"), ("faithfulness",))
+        frame(tok)
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    return gaps[1:]
+
+
+async def itl_guarded(toks: list[str], delay: float, ctx: tuple[str, ...]) -> list[float]:
+    gaps: list[float] = []
+    last = time.perf_counter()
+    async for ev in streamjudge.guard(source(toks, delay), question="q", contexts=ctx):
+        if ev.type == "token":
+            frame(ev.text)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+    return gaps[1:]
+
+
+def bench_itl(samples: list[tuple[str, str, bool]], n_streams: int, delay: float) -> dict[str, Any]:
+    judge = SlowJudge(0.2)
+    rt = streamjudge.configure(
+        Settings(end_wait_s=0.0), downstream=_Discard(), judge=judge, set_global=False
+    )
+    base: list[float] = []
+    naive: list[float] = []
+    ours: list[float] = []
+    try:
+        for ctx, answer, _bad in samples[:n_streams]:
+            toks = tokenize(answer)
+            base += asyncio.run(itl_no_judge(toks, delay))
+            naive += asyncio.run(itl_naive(toks, delay, (ctx,), judge))
+            ours += asyncio.run(itl_guarded(toks, delay, (ctx,)))
+    finally:
+        rt.shutdown()
+    ms = 1000.0
+    return {
+        "itl_source_delay_ms": delay * ms,
+        "itl_gaps": len(ours),
+        "itl_p50_ms_no_judge": round(pct(base, 50) * ms, 3),
+        "itl_p99_ms_no_judge": round(pct(base, 99) * ms, 3),
+        "itl_p50_ms_naive": round(pct(naive, 50) * ms, 3),
+        "itl_p99_ms_naive": round(pct(naive, 99) * ms, 3),
+        "itl_p50_ms_streamjudge": round(pct(ours, 50) * ms, 3),
+        "itl_p99_ms_streamjudge": round(pct(ours, 99) * ms, 3),
+        "itl_p99_ratio_vs_no_judge": round(pct(ours, 99) / pct(base, 99), 3),
+        "itl_p99_ratio_naive_vs_no_judge": round(pct(naive, 99) / pct(base, 99), 3),
+    }
+
+
+# --- time to alert -------------------------------------------------------------------------------
+
+
+async def alert_latencies(toks: list[str], delay: float, ctx: tuple[str, ...]) -> list[float]:
+    ends: list[int] = []  # char offset after each token
+    sent_at: list[float] = []  # when the source handed each token over
+    pos = 0
+
+    async def timed() -> AsyncIterator[str]:
+        nonlocal pos
+        for t in toks:
+            if delay:
+                await asyncio.sleep(delay)
+            pos += len(t)
+            ends.append(pos)
+            sent_at.append(time.perf_counter())
+            yield t
+
+    out: list[float] = []
+    async for ev in streamjudge.guard(timed(), question="q", contexts=ctx):
+        if ev.type == "warning" and ev.data and "char_end" in ev.data and ev.data.get("stage") != "preflight":
+            now = time.perf_counter()
+            end = ev.data["char_end"]
+            i = next((k for k, e in enumerate(ends) if e >= end), None)
+            if i is not None:
+                out.append(now - sent_at[i])
+    return out
+
+
+def bench_alerts(samples: list[tuple[str, str, bool]], n_streams: int, delay: float) -> dict[str, Any]:
+    bad = [s for s in samples if s[2]][: n_streams * 3]
+    res: dict[str, Any] = {"alert_source_delay_ms": delay * 1000}
+    for label, judge in (("local", None), ("slow_judge", SlowJudge(0.2))):
+        rt = streamjudge.configure(
+            Settings(window_sentences=1, end_wait_s=1.0), downstream=_Discard(), judge=judge, set_global=False
+        )
+        lat: list[float] = []
+        try:
+            for ctx, answer, _b in bad:
+                lat += asyncio.run(alert_latencies(tokenize(answer), delay, (ctx,)))
+                if len(lat) >= n_streams * 2:
+                    break
+        finally:
+            rt.shutdown()
+        res[f"alert_count_{label}"] = len(lat)
+        res[f"alert_p50_ms_{label}"] = round(pct(lat, 50) * 1000, 3)
+        res[f"alert_p99_ms_{label}"] = round(pct(lat, 99) * 1000, 3)
+    return res
+
+
+# --- pool throughput -----------------------------------------------------------------------------
+
+
+class SleepJudge:
+    name = "sleep"
+
+    def __init__(self, latency_s: float) -> None:
+        self.latency_s = latency_s
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        await asyncio.sleep(self.latency_s)
+        return JudgeResult("sleep", ())
+
+    async def aclose(self) -> None:
+        return None
+
+
+def bench_pool(latency: float, rounds: int) -> dict[str, Any]:
+    res: dict[str, Any] = {"pool_model_latency_ms": latency * 1000}
+    for c in (8, 32, 128):
+        n = c * rounds
+        pool = JudgePool(concurrency=c, queue_size=n + 1, timeout_s=30)
+        judge = SleepJudge(latency)
+        done: list[JobOutcome] = []
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pool.submit(JudgeJob(judge, EvalInput("q", ("c",), "a"), ("faithfulness",), done.append))
+        pool.force_flush(120_000)
+        elapsed = time.perf_counter() - t0
+        pool.shutdown()
+        rate = len([o for o in done if o.status == "judged"]) / elapsed
+        ideal = c / latency
+        res[f"pool_scores_per_s_c{c}"] = round(rate, 1)
+        res[f"pool_ideal_scores_per_s_c{c}"] = round(ideal, 1)
+        res[f"pool_efficiency_c{c}"] = round(rate / ideal, 3)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller runs (about a minute)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    q = args.quick
+    samples = load_samples(250)
+    results: dict[str, Any] = {"quick": q, "data": "faithbench-dev" if DATA.exists() else "built-in"}
+    sections = (
+        ("hot path", lambda: bench_hot_path(samples, repeats=3 if q else 7)),
+        ("inter-token latency", lambda: bench_itl(samples, n_streams=6 if q else 20, delay=0.005)),
+        ("time to alert", lambda: bench_alerts(samples, n_streams=10 if q else 30, delay=0.002)),
+        ("judge pool", lambda: bench_pool(0.3, rounds=3 if q else 6)),
+    )
+    for title, fn in sections:
+        t0 = time.perf_counter()
+        part = fn()
+        results.update(part)
+        if not args.json:
+            print(f"== {title} ({time.perf_counter() - t0:.1f}s)")
+            for k, v in part.items():
+                print(f"   {k:<40} {v}")
+    goals = {
+        "goal_hot_path_ratio_ge_0.8": results["hot_path_ratio"] >= 0.8,
+        "goal_itl_p99_within_5pct": results["itl_p99_ratio_vs_no_judge"] <= 1.05,
+        "goal_alert_p50_local_lt_5ms": results["alert_p50_ms_local"] < 5.0,
+        "goal_alert_p50_slow_lt_210ms": results["alert_p50_ms_slow_judge"] < 210.0,
+    }
+    results.update(goals)
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print("== goals")
+        for k, v in goals.items():
+            print(f"   {k:<40} {'met' if v else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
