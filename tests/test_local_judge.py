@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -361,3 +363,71 @@ def test_single_huge_sentence_and_repetitive_text() -> None:
     for answer in (blob, caps, "1,000 2.5 million 3% " * 15_000):
         result = judge.evaluate_sync(EvalInput("What?", (blob,), answer), METRICS)
         assert all(s.skipped != "error" for s in result.scores)
+
+
+# --- bit-identical results ------------------------------------------------------------------------
+# tests/data/local_judge_golden.json holds, per (contexts, answer) pair below, a digest of repr() of all
+# the judge's results on it, recorded before the incremental checkpoint path existed: caching and
+# incremental splitting must not change a single score or explanation.
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "data", "local_judge_golden.json")
+_GOLDEN_CONTEXTS: tuple[tuple[str, ...], ...] = (
+    (CONTEXT,),
+    ("Revenue reached $1,000,000 in 2020, up 12% on the year, with 2,500 staff.",),
+    ("Poseidon grossed $ 181,674,817 at the worldwide box office on a budget of $ 160 million.",),
+    ("The treaty was signed on 4 March 1921 in Riga.",),
+    ("The company was not profitable in its first year.",),
+    (CONTEXT, "Unrelated text about Berlin."),
+    ("公司成立于1998年。",),
+)
+_GOLDEN_ANSWERS: tuple[str, ...] = (
+    CONTEXT + " It later expanded to Europe in 2003.",
+    "Two graduate students started the company in Palo Alto in 1998.",
+    "The company was founded in 1999 in Palo Alto.",
+    "The company was not founded in Palo Alto.",
+    "The company was not profitable in its first year.",
+    "The company was profitable in its first year.",
+    "The company was founded in Berlin in 1998.",
+    "Revenue reached $1 million in 2020. Revenue was up 12 percent in 2020. There were 2500 staff in 2020.",
+    "Revenue was up 15% in 2020.",
+    "Poseidon grossed $181.7 million worldwide. Poseidon grossed $190 million worldwide.",
+    "Poseidon had a budget of $160,000,000.",
+    "The treaty was signed in Riga on March 4, 1921. The treaty was signed in Riga in April 1921.",
+    "The company was founded in 1998 in Palo Alto and it opened an office in Tokyo in 2005.",
+    "Here is what I found. " + CONTEXT + " Let me know if you need more. I hope this helps!",
+    "Here is what I found. Let me know if you need more.",
+    CONTEXT + " It later expanded to Europe, Japan and Brazil in 2003, hiring 500 people.",
+    "I'm sorry, I cannot answer that from the provided documents.",
+    "Bananas are rich in potassium.",
+    "公司成立于1998年。公司成立于2005年。",
+    "Key facts:\n- Founded in 1998.\n- Based in Palo Alto\n\nSummary\nIt was founded by two students. "
+    "Did it grow? It e.g. hired 3. people... It \"opened\" offices! Dr. Smith led it; sales rose",
+    "\ud800\u200b\ufeff Ⅻ ﬁ x\u0301 \x00 🙂. 公司成立于1998年。 Die Firma wurde 1998 gegründet.",
+)
+
+
+def _golden_digests() -> dict[str, str]:
+    """Per (contexts, answer) pair: a digest of repr() of the answer judged on every metric, then of it
+    as a running text (checkpoint) cut after every whitespace run, all on one judge."""
+    judge = LocalJudge()
+    out: dict[str, str] = {}
+    for c, contexts in enumerate(_GOLDEN_CONTEXTS):
+        for a, answer in enumerate(_GOLDEN_ANSWERS):
+            item = EvalInput(QUESTION, contexts, answer, reference=answer[:60])
+            results = [repr(judge.evaluate_sync(item, METRICS))]
+            cuts = [i for i in range(1, len(answer)) if answer[i - 1].isspace() and not answer[i].isspace()]
+            for cut in [*cuts, len(answer)]:
+                item = EvalInput(QUESTION, contexts, answer[:cut], kind="checkpoint")
+                results.append(repr(judge.evaluate_sync(item, [F])))
+            digest = hashlib.sha256("\n".join(results).encode("utf-8", "surrogatepass")).hexdigest()
+            out[f"contexts {c}, answer {a}"] = digest[:20]
+    return out
+
+
+def test_results_are_bit_identical_to_the_recorded_ones() -> None:
+    with open(GOLDEN, encoding="utf-8") as f:
+        expected = json.load(f)
+    got = _golden_digests()
+    assert got.keys() == expected.keys()
+    differ = [k for k in got if got[k] != expected[k]]
+    assert not differ, f"results changed for: {differ}"

@@ -1,0 +1,197 @@
+"""Micro-benchmark of the ``local`` judge as the live guard drives it.
+
+    python benchmarks/bench_local_judge.py [--data DIR] [--repeat 5] [--json]
+
+The guard re-judges the whole running text at every checkpoint (every 2 sentences) against the same
+contexts, on the judge pool's thread, so every microsecond here is taken from the application's token
+loop. Measured (best of ``--repeat`` runs, each with fresh judges so no verdict is served from a
+previous run):
+
+* ``streams``: chat-length answers as in ``benchmarks/run.py`` (five consecutive FaithBench dev
+  summaries, their five sources as the contexts, read from ``../shared/benchdata/faithbench-dev``):
+  the cold context index, the pre-flight gate (which builds the index), every checkpoint
+  (faithfulness on the running text up to the end of every 2nd sentence) and the final pass (all
+  metrics), per stream;
+* ``growing``: one synthetic 400-sentence answer judged at every 2nd sentence; the cost of checkpoints
+  1-10 against 191-200 shows whether a checkpoint pays for its whole prefix or only its new sentences;
+* ``index``: building the context index of 1.8 KB and of 180 KB of contexts (cold, no caches warm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from streamjudge import semconv
+from streamjudge.judging.base import METRICS, EvalInput
+from streamjudge.judging.judges._local_index import ContextIndex
+from streamjudge.judging.judges.local import LocalJudge
+from streamjudge.sentences import split_sentences
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = REPO.parent / "shared" / "benchdata" / "faithbench-dev"
+# has focus terms, so the pre-flight gate builds the context index (as a real question would)
+QUESTION = "What happened to the people and companies in these reports?"
+F = (semconv.FAITHFULNESS,)
+WINDOW = 2  # sentences per checkpoint, the guard's default
+
+SYNTHETIC_CONTEXT = (
+    "The company was founded in 1998 in Palo Alto by two graduate students. Its first product was a "
+    "search engine that ranked pages by the links pointing to them. Revenue reached $1.2 billion in "
+    "2004, when it listed its shares on the Nasdaq exchange in August. It did not pay a dividend."
+)
+
+
+def _streams(data: Path) -> list[tuple[tuple[str, ...], str]]:
+    files = sorted(data.glob("batch_*.json"), key=lambda p: (len(p.name), p.name))
+    samples = [s for f in files for s in json.loads(f.read_text(encoding="utf-8"))["samples"]]
+    out = []
+    for g in range(0, len(samples) - 4, 5):
+        group = samples[g : g + 5]
+        out.append((tuple(s["source"] for s in group), " ".join(s["summary"].strip() for s in group)))
+    return out
+
+
+def _checkpoint_texts(answer: str) -> list[str]:
+    ends = [s.end for s in split_sentences(answer)]
+    cuts = ends[WINDOW - 1 :: WINDOW]
+    return [answer[:end] for end in cuts]
+
+
+def _us(judge: LocalJudge, item: EvalInput, metrics: Sequence[str]) -> float:
+    t0 = time.perf_counter_ns()
+    judge.evaluate_sync(item, metrics)
+    return (time.perf_counter_ns() - t0) / 1000
+
+
+def _index_us(contexts: tuple[str, ...]) -> float:
+    t0 = time.perf_counter_ns()
+    ContextIndex(contexts)
+    return (time.perf_counter_ns() - t0) / 1000
+
+
+def _bench_streams(streams: Sequence[tuple[tuple[str, ...], str]], repeat: int) -> dict[str, Any]:
+    prepared = [(ctx, answer, _checkpoint_texts(answer)) for ctx, answer in streams]
+    best: dict[str, list[float]] = {}
+    per_checkpoint: list[float] = []
+    for r in range(repeat):
+        run: dict[str, list[float]] = {"index": [], "preflight": [], "checkpoints": [], "final": []}
+        run_cp: list[float] = []
+        for ctx, answer, texts in prepared:
+            run["index"].append(_index_us(ctx))
+            judge = LocalJudge()
+            pre = EvalInput(QUESTION, ctx, "", kind="preflight")
+            run["preflight"].append(_us(judge, pre, (semconv.CONTEXT_PRECISION,)))
+            total = 0.0
+            for text in texts:
+                item = EvalInput(QUESTION, ctx, text, kind="checkpoint")
+                cost = _us(judge, item, F)
+                run_cp.append(cost)
+                total += cost
+            run["checkpoints"].append(total)
+            final = EvalInput(QUESTION, ctx, answer)
+            run["final"].append(_us(judge, final, METRICS))
+        if r == 0 or sum(run["checkpoints"]) < sum(best["checkpoints"]):
+            best, per_checkpoint = run, run_cp
+    return {
+        "streams": len(prepared),
+        "mean_sentences": statistics.fmean(len(split_sentences(a)) for _, a, _ in prepared),
+        "mean_context_chars": statistics.fmean(sum(map(len, c)) for c, _, _ in prepared),
+        "checkpoints": len(per_checkpoint),
+        "index_cold_us": statistics.fmean(best["index"]),
+        "preflight_us": statistics.fmean(best["preflight"]),
+        "checkpoints_per_stream_us": statistics.fmean(best["checkpoints"]),
+        "checkpoint_mean_us": statistics.fmean(per_checkpoint),
+        "checkpoint_p95_us": sorted(per_checkpoint)[int(0.95 * (len(per_checkpoint) - 1))],
+        "final_us": statistics.fmean(best["final"]),
+    }
+
+
+def _bench_growing(repeat: int) -> dict[str, float]:
+    facts = [
+        "The company was founded in 1998 in Palo Alto.",
+        "Two graduate students started it.",
+        "Its first product was a search engine.",
+        "Revenue reached $1.2 billion in 2004.",
+        "It listed its shares on the Nasdaq in August 2004.",
+        "It later opened an office in Tokyo in 2006.",
+        "It did not pay a dividend.",
+    ]
+    answer = " ".join(f"{facts[k % len(facts)][:-1]}, says report {k}." for k in range(400))
+    texts = _checkpoint_texts(answer)
+    best: list[float] | None = None
+    for _ in range(repeat):
+        judge = LocalJudge()
+        judge.evaluate_sync(EvalInput(QUESTION, (SYNTHETIC_CONTEXT,), "", kind="preflight"), METRICS)
+        items = [EvalInput(QUESTION, (SYNTHETIC_CONTEXT,), t, kind="checkpoint") for t in texts]
+        costs = [_us(judge, item, F) for item in items]
+        if best is None or sum(costs) < sum(best):
+            best = costs
+    assert best is not None
+    return {
+        "checkpoints": len(best),
+        "first_10_mean_us": statistics.fmean(best[:10]),
+        "last_10_mean_us": statistics.fmean(best[-10:]),
+        "last_text_chars": len(texts[-1]),
+    }
+
+
+def _bench_index(streams: Sequence[tuple[tuple[str, ...], str]], repeat: int) -> dict[str, float]:
+    small = streams[0][0] if streams else (SYNTHETIC_CONTEXT,) * 6
+    large = tuple(c * 100 for c in small)
+    out = {}
+    for name, ctx in (("small", small), ("large", large)):
+        # each run gets contexts it has never seen, so no per-text cache can serve it
+        costs = []
+        for r in range(repeat):
+            fresh = tuple(f"Run {r} of {name}. {c}" for c in ctx)
+            costs.append(_index_us(fresh))
+        out[f"{name}_chars"] = float(sum(map(len, ctx)))
+        out[f"{name}_us"] = min(costs)
+    return out
+
+
+def main() -> None:
+    """Run the benchmarks and print a table or JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    args = parser.parse_args()
+    streams = _streams(args.data) if args.data.is_dir() else []
+    results: dict[str, Any] = {
+        "streams": _bench_streams(streams, args.repeat) if streams else None,
+        "growing": _bench_growing(args.repeat),
+        "index": _bench_index(streams, args.repeat),
+    }
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    s = results["streams"]
+    if s is None:
+        print(f"streams: skipped (no data in {args.data})")
+    else:
+        print(f"FaithBench streams: {s['streams']} streams, {s['mean_sentences']:.1f} sentences and "
+              f"{s['mean_context_chars']:.0f} context chars each, {s['checkpoints']} checkpoints")
+        print(f"  context index, cold            {s['index_cold_us']:9.1f} us")
+        print(f"  pre-flight                     {s['preflight_us']:9.1f} us")
+        print(f"  all checkpoints of a stream    {s['checkpoints_per_stream_us']:9.1f} us")
+        mean, p95 = s["checkpoint_mean_us"], s["checkpoint_p95_us"]
+        print(f"  one checkpoint, mean / p95     {mean:9.1f} / {p95:.1f} us")
+        print(f"  final pass (all metrics)       {s['final_us']:9.1f} us")
+    g = results["growing"]
+    print(f"growing text: {g['checkpoints']:.0f} checkpoints, up to {g['last_text_chars']:.0f} chars")
+    print(f"  checkpoints 1-10, mean         {g['first_10_mean_us']:9.1f} us")
+    print(f"  last 10 checkpoints, mean      {g['last_10_mean_us']:9.1f} us")
+    i = results["index"]
+    print(f"context index, cold: {i['small_chars']:.0f} chars {i['small_us']:.1f} us, "
+          f"{i['large_chars']:.0f} chars {i['large_us'] / 1000:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
