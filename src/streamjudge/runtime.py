@@ -146,6 +146,22 @@ _lock = threading.Lock()
 _runtime: Runtime | None = None
 
 
+def _env_exporters() -> list[SpanExporter]:
+    """Span exporters to the backends configured by environment variables (Langfuse, Phoenix)."""
+    from streamjudge.exporters.langfuse import langfuse_exporter_from_env
+    from streamjudge.exporters.phoenix import phoenix_exporter_from_env
+
+    return [e for e in (langfuse_exporter_from_env(), phoenix_exporter_from_env()) if e is not None]
+
+
+def _env_sinks() -> list[EvaluationSink]:
+    """Evaluation sinks configured by environment variables (Langfuse scores, Phoenix annotations)."""
+    from streamjudge.exporters.langfuse import langfuse_score_sink_from_env
+    from streamjudge.exporters.phoenix import phoenix_annotation_sink_from_env
+
+    return [s for s in (langfuse_score_sink_from_env(), phoenix_annotation_sink_from_env()) if s is not None]
+
+
 def get_runtime(create: bool = False) -> Runtime:
     """The process's runtime; with ``create`` a default one is configured on first use."""
     rt = _runtime
@@ -167,7 +183,8 @@ def configure(
     tracer_provider: SDKTracerProvider | None = None,
     exporter: SpanExporter | None = None,
     downstream: SpanProcessor | None = None,
-    sinks: Sequence[EvaluationSink] = (),
+    sinks: Sequence[EvaluationSink] | None = None,
+    backends_from_env: bool = True,
     meter_provider: metrics.MeterProvider | None = None,
     metric_readers: Sequence[MetricReader] = (),
     logger_provider: LoggerProvider | None = None,
@@ -184,7 +201,9 @@ def configure(
       export path the judge processor owns; judged spans reach it once, enriched with their scores.
     - With neither a provider nor a global SDK provider, streamjudge creates one (resource from
       ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``) and, with ``set_global``, installs it.
-    - ``sinks``: where evaluation records also go (Langfuse scores, Phoenix annotations).
+    - ``sinks``: where evaluation records also go (Langfuse scores, Phoenix annotations); by default
+      those configured by ``LANGFUSE_PUBLIC_KEY``/``LANGFUSE_SECRET_KEY`` and ``PHOENIX_COLLECTOR_ENDPOINT``.
+    - ``backends_from_env``: also export spans to Langfuse / Phoenix when those variables are set.
     - ``metric_readers``: export streamjudge's metrics (a MeterProvider is created for them).
     - ``judge`` / ``checkpoint_judge``: judge instances to use instead of building them from the settings
       (``checkpoint_judge`` defaults to ``judge``).
@@ -212,6 +231,9 @@ def configure(
     )
     if downstream is None and exporter is not None:
         downstream = BatchSpanProcessor(exporter)
+    env_exporters = _env_exporters() if backends_from_env else []
+    if sinks is None:
+        sinks = _env_sinks() if backends_from_env else []
     if tracer_provider is None:
         current = trace.get_tracer_provider()
         if isinstance(current, SDKTracerProvider):
@@ -240,6 +262,16 @@ def configure(
         meter_provider=meter_provider,
     )
     tracer_provider.add_span_processor(processor)
+    for exp in env_exporters:
+        # owning: the backend gets the enriched spans; beside an app's processors: the raw spans, like
+        # the app's own exporters (take_over_export later moves them behind the judge processor)
+        if processor._downstream is not None:
+            multi = SynchronousMultiSpanProcessor()
+            multi.add_span_processor(processor._downstream)
+            multi.add_span_processor(BatchSpanProcessor(exp))
+            processor._downstream = multi
+        else:
+            tracer_provider.add_span_processor(BatchSpanProcessor(exp))
     rt = Runtime(
         settings,
         tracer_provider=tracer_provider,
