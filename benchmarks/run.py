@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import gc
 import json
-import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence

@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import streamjudge  # noqa: E402
-from streamjudge.config import Settings  # noqa: E402
+import streamjudge
+from streamjudge.config import Settings
 
 
 class Harness:

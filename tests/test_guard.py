@@ -9,7 +9,6 @@ from typing import Any
 
 from _fakes import BrokenJudge, KeywordJudge, SyncKeywordJudge
 from conftest import Harness
-
 from streamjudge import RegenerateRequest, StreamEvent, guard, semconv
 
 CONTEXTS = ["The sky is blue. Grass is green. Water is wet."]

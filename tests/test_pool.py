@@ -9,7 +9,6 @@ import time
 from collections.abc import Sequence
 
 from _fakes import BrokenJudge, FlakyJudge, KeywordJudge
-
 from streamjudge.judging.base import EvalInput, JudgeResult, Score
 from streamjudge.judging.pool import JobOutcome, JudgeJob, JudgePool
 

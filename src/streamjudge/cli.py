@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from streamjudge.config import ConfigError, load_settings
 
@@ -18,7 +19,7 @@ def _replay(args: argparse.Namespace) -> int:
     except (OSError, CaseError) as exc:
         print(f"streamjudge replay: {exc}", file=sys.stderr)
         return 2
-    overrides: dict[str, object] = {"judge": args.judge, "checkpoint_judge": args.judge}
+    overrides: dict[str, Any] = {"judge": args.judge, "checkpoint_judge": args.judge}
     if args.threshold is not None:
         overrides["threshold"] = args.threshold
     try:

@@ -122,7 +122,7 @@ async def _run_case(case: Case, delay: float) -> None:
 
 
 def _downstream() -> SpanProcessor:
-    multi = SynchronousMultiSpanProcessor()
+    multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
     multi.add_span_processor(SimpleSpanProcessor(ConsoleSummaryExporter(_SPANS)))
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

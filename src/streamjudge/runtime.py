@@ -23,12 +23,12 @@ from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from streamjudge import semconv
-from streamjudge._version import __version__
 from streamjudge._context import ContextStore, default_store
+from streamjudge._version import __version__
 from streamjudge.config import Settings, load_settings
 from streamjudge.exporters.base import EvaluationSink
 from streamjudge.judging.base import EvalKind, Judge
-from streamjudge.judging.judges import create_judge
+from streamjudge.judging.judges import Tier, create_judge
 from streamjudge.judging.pool import JudgePool
 from streamjudge.judging.processor import JudgeSpanProcessor, StreamRegistry
 
@@ -75,7 +75,7 @@ class Runtime:
 
     def judge_for(self, kind: EvalKind) -> Judge:
         """The judge for checkpoints and the pre-flight gate (fast tier) or the final answer."""
-        tier = "final" if kind == "answer" else "checkpoint"
+        tier: Tier = "final" if kind == "answer" else "checkpoint"
         name = self.settings.judge if tier == "final" else self.settings.checkpoint_judge_name
         key = f"{tier}:{name}"
         judge = self._judges.get(key)
@@ -112,7 +112,7 @@ class Runtime:
         active = provider._active_span_processor  # the SDK exposes no public way to re-order processors
         with active._lock:
             existing = tuple(p for p in active._span_processors if p is not self.processor)
-            downstream = SynchronousMultiSpanProcessor()
+            downstream = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
             for p in existing:
                 downstream.add_span_processor(p)
             active._span_processors = (self.processor,)
@@ -214,7 +214,9 @@ def configure(
     settings = settings or load_settings()
     owned_meter: MeterProvider | None = None
     if meter_provider is None and metric_readers:
-        owned_meter = MeterProvider(metric_readers=list(metric_readers), resource=resource or Resource.create())
+        owned_meter = MeterProvider(
+            metric_readers=list(metric_readers), resource=resource or Resource.create()
+        )
         meter_provider = owned_meter
     pool = JudgePool(
         concurrency=settings.concurrency,
@@ -266,7 +268,7 @@ def configure(
         # owning: the backend gets the enriched spans; beside an app's processors: the raw spans, like
         # the app's own exporters (take_over_export later moves them behind the judge processor)
         if processor._downstream is not None:
-            multi = SynchronousMultiSpanProcessor()
+            multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
             multi.add_span_processor(processor._downstream)
             multi.add_span_processor(BatchSpanProcessor(exp))
             processor._downstream = multi

@@ -1,4 +1,8 @@
-"""Fixtures for the LLM judge tests: one scripted LLM server on 127.0.0.1 per test module."""
+"""Fixtures for the LLM judge tests: a scripted LLM server on 127.0.0.1, one per test.
+
+One per test (not per module): a framework may leave a request in flight when a sibling call fails, and
+that request must not consume the next test's injected fault.
+"""
 
 from __future__ import annotations
 
@@ -13,16 +17,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from scripted_server import ScriptedLLMServer
 
 
-@pytest.fixture(scope="module")
-def _server() -> Iterator[ScriptedLLMServer]:
+@pytest.fixture
+def llm_server() -> Iterator[ScriptedLLMServer]:
     srv = ScriptedLLMServer().start()
     try:
         yield srv
     finally:
         srv.stop()
-
-
-@pytest.fixture
-def llm_server(_server: ScriptedLLMServer) -> ScriptedLLMServer:
-    _server.reset()
-    return _server

@@ -47,7 +47,7 @@ class ConsoleSummaryExporter(SpanExporter):
         """The lines printed for ``span``."""
         attrs = span.attributes or {}
         ms = ((span.end_time or 0) - (span.start_time or 0)) / 1e6
-        fields = " ".join(f"{k.removeprefix('streamjudge.')}={attrs[k]}" for k in _SHOWN if k in attrs)
+        fields = " ".join(f"{k.removeprefix('streamjudge.')}={attrs[k]!s}" for k in _SHOWN if k in attrs)
         lines = [f"  span {span.name:<24} {ms:8.2f} ms  {fields}\n"]
         for ev in span.events:
             if ev.name != semconv.EVENT_EVALUATION_RESULT:

@@ -10,14 +10,15 @@ from __future__ import annotations
 import asyncio
 import codecs
 import concurrent.futures
+import contextlib
 import hashlib
 import logging
 import threading
 import time
-from time import perf_counter
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from opentelemetry import trace
@@ -26,6 +27,7 @@ from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
+from streamjudge._context import TraceInputs
 from streamjudge.judging.base import EvalInput, EvalKind, JudgeResult, Score
 from streamjudge.judging.pool import JobOutcome, JudgeJob
 from streamjudge.sentences import CheckpointPolicy, Sentence, SentenceBuffer
@@ -111,7 +113,9 @@ class GuardSession:
         self._attributes = dict(attributes or {})
         self._parent = context
         s = self.settings
-        self._hold = s.mode == "hold_back"
+        #: tokens are released only after their window passed (drivers must not emit them themselves)
+        self.hold_back = s.mode == "hold_back"
+        self._hold = self.hold_back
         self._buf = SentenceBuffer()
         self._policy = CheckpointPolicy(s.window_sentences, s.window_chars, s.checkpoint_every)
         self._decoder: codecs.IncrementalDecoder | None = None
@@ -169,9 +173,9 @@ class GuardSession:
             self._runtime.streams.remove(self._span_id)
             if not self.final.done():
                 r = outcome.result
-                self.final.set_result(
-                    JudgeResult(r.judge, scores, r.usage) if r is not None and outcome.status == "judged" else None
-                )
+                judged = r is not None and outcome.status == "judged"
+                final = JudgeResult(r.judge, scores, r.usage) if r is not None and judged else None
+                self.final.set_result(final)
             return
         self._inbox.append((kind, index, outcome, scores))
         self.has_events = True
@@ -190,10 +194,6 @@ class GuardSession:
         """Checkpoints of the current text still waiting for a verdict."""
         return len(self._pending)
 
-    @property
-    def hold_back(self) -> bool:
-        """True when tokens are released only after their window passed (drivers must not emit them)."""
-        return self._hold
 
     @property
     def span(self) -> trace.Span | None:
@@ -218,6 +218,7 @@ class GuardSession:
         self._span_id = ctx.span_id
         span.set_attribute(semconv.STREAM_ID, format(ctx.span_id, "016x"))
         trace_id = ctx.trace_id
+        stored: TraceInputs | None
         if self.question is not None or self.contexts is not None or self.reference is not None:
             stored = rt.contexts.register(
                 trace_id, question=self.question, contexts=self.contexts, reference=self.reference
@@ -230,9 +231,8 @@ class GuardSession:
             self.reference = self.reference if self.reference is not None else stored.reference
             if stored.session_id:
                 span.set_attribute(semconv.SESSION_ID, stored.session_id)
-        if self.question is not None:
-            if self.settings.capture_content:
-                span.set_attribute(semconv.STREAM_QUESTION, self.question)
+        if self.question is not None and self.settings.capture_content:
+            span.set_attribute(semconv.STREAM_QUESTION, self.question)
         if self.contexts is not None:
             span.set_attribute(semconv.STREAM_CONTEXT_COUNT, len(self.contexts))
         rt.streams.add(self._span_id, self)
@@ -733,10 +733,8 @@ class _AsyncWaker:
         fut = self._fut
         if fut is None or fut.done():
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # loop already closed: nobody is waiting any more
             self._loop.call_soon_threadsafe(self._wake)
-        except RuntimeError:  # loop already closed: nobody is waiting any more
-            pass
 
     def _wake(self) -> None:
         fut = self._fut

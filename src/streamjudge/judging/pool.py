@@ -9,6 +9,7 @@ is always released.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -159,6 +160,9 @@ class JudgePool:
         self._thread: threading.Thread | None = None
         self._wake: asyncio.Event | None = None
         self._sleeping = False
+        self._cpu_debt = 0.0
+        self._cpu_seen = 0.0
+        self._cpu_at = 0.0
 
     @property
     def depth(self) -> int:
@@ -205,10 +209,9 @@ class JudgePool:
         loop, wake = self._loop, self._wake
         # a busy dispatcher finds the job on its own; only a sleeping one needs the (costly) wake-up
         if self._sleeping and loop is not None and wake is not None:
-            try:
+            # a closed loop (shutdown racing us) is fine: the job gets "shutdown" from the drain
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(wake.set)
-            except RuntimeError:  # loop closed during shutdown: the job gets "shutdown" from drain
-                pass
         return True
 
     def _take_budget(self, job: JudgeJob) -> bool:
@@ -351,7 +354,8 @@ class JudgePool:
             self._idle.notify_all()
 
     async def _run(self, job: JudgeJob) -> None:
-        token = otel_context.attach(otel_context.set_value(_SUPPRESS_KEY, True, otel_context.Context()))
+        no_trace = otel_context.set_value(_SUPPRESS_KEY, True, otel_context.Context())
+        token = otel_context.attach(no_trace)
         attempts = 0
         outcome: JobOutcome
         try:
@@ -362,7 +366,8 @@ class JudgePool:
                     # asyncio.timeout, not wait_for: no extra task per call
                     async with asyncio.timeout(self._timeout_s):
                         result = await job.judge.evaluate(job.item, job.metrics)
-                    self._m_duration.record(time.monotonic() - started, {semconv.METRIC_ATTR_JUDGE: result.judge})
+                    elapsed = time.monotonic() - started
+                    self._m_duration.record(elapsed, {semconv.METRIC_ATTR_JUDGE: result.judge})
                     outcome = JobOutcome("judged", result, attempts=attempts)
                     break
                 except TimeoutError:
@@ -390,7 +395,7 @@ class JudgePool:
         delay = self._backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
         if retry_after is not None:
             delay = max(delay, retry_after)
-        return min(delay, _MAX_BACKOFF_S)
+        return float(min(delay, _MAX_BACKOFF_S))
 
     def _finish(self, job: JudgeJob, outcome: JobOutcome, attempts: int | None = None) -> None:
         if outcome.status != "judged":

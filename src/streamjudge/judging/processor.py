@@ -217,7 +217,10 @@ class JudgeSpanProcessor(SpanProcessor):
 
     @staticmethod
     def _text_of(
-        span: ReadableSpan, kind: EvalKind, attrs: Mapping[str, AttributeValue], listener: StreamListener | None
+        span: ReadableSpan,
+        kind: EvalKind,
+        attrs: Mapping[str, AttributeValue],
+        listener: StreamListener | None,
     ) -> str | None:
         if kind == "checkpoint":
             end = attrs.get(semconv.CHECKPOINT_CHAR_END)
