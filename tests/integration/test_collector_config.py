@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,10 @@ import pytest
 from integration.infra import (
     COLLECTOR_DIR,
     OTEL_CONFIG,
+    REPO,
     InfraError,
     collector_binary,
+    jaeger_binary,
     prometheus_config,
     promtool_binary,
     system_binary,
@@ -99,3 +102,21 @@ def test_missing_system_binaries_are_reported_with_what_to_do(monkeypatch: pytes
     assert shutil.which("promtool") is None
     with pytest.raises(InfraError, match="make test-infra"):
         promtool_binary()
+
+
+@pytest.mark.parametrize("target", ["collector", "jaeger"])
+def test_make_prints_the_cached_binary_path_last_and_does_not_rebuild(target: str) -> None:
+    override = "STREAMJUDGE_OTELCOL" if target == "collector" else "STREAMJUDGE_JAEGER"
+    if os.environ.get(override):
+        pytest.skip(f"{override} names the binary: `make {target}` is not used")
+    built = collector_binary() if target == "collector" else jaeger_binary()  # builds once if needed
+    started = time.monotonic()
+    proc = _run(["make", "-s", "--no-print-directory", "-C", str(REPO), target])
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert Path(last).is_absolute() and os.access(last, os.X_OK)
+    assert Path(last) == built
+    # the build output is outside the repository, and the second run is a cache hit
+    assert REPO not in Path(last).parents
+    assert elapsed < 10, f"`make {target}` took {elapsed:.1f}s on a cached build"
