@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import streamjudge  # noqa: E402
 from streamjudge.config import Settings  # noqa: E402
-from streamjudge.judging.base import EvalInput, JudgeResult  # noqa: E402
+from streamjudge.judging.base import EvalInput, JudgeResult, Score  # noqa: E402
 from streamjudge.judging.judges.local import LocalJudge  # noqa: E402
 from streamjudge.judging.pool import JobOutcome, JudgeJob, JudgePool  # noqa: E402
 from streamjudge.runtime import _Discard  # noqa: E402
@@ -174,16 +174,19 @@ def bench_hot_path(samples: list[tuple[str, str, bool]], repeats: int) -> dict[s
 
 
 class SlowJudge:
-    """The local judge's verdicts after a simulated model latency."""
+    """A simulated model: answers after ``latency_s``; with ``verdicts`` the local judge's scores, else a
+    fixed pass (so the inter-token figures measure streamjudge, not the local judge's CPU)."""
 
     name = "slow"
 
-    def __init__(self, latency_s: float) -> None:
+    def __init__(self, latency_s: float, verdicts: bool = False) -> None:
         self.latency_s = latency_s
-        self.inner = LocalJudge()
+        self.inner = LocalJudge() if verdicts else None
 
     async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
         await asyncio.sleep(self.latency_s)
+        if self.inner is None:
+            return JudgeResult(self.name, tuple(Score(m, 1.0) for m in metrics))
         return self.inner.evaluate_sync(item, metrics)
 
     async def aclose(self) -> None:
@@ -290,7 +293,7 @@ async def alert_latencies(toks: list[str], delay: float, ctx: tuple[str, ...]) -
 def bench_alerts(samples: list[tuple[str, str, bool]], n_streams: int, delay: float) -> dict[str, Any]:
     bad = [s for s in samples if s[2]][: n_streams * 3]
     res: dict[str, Any] = {"alert_source_delay_ms": delay * 1000}
-    for label, judge in (("local", None), ("slow_judge", SlowJudge(0.2))):
+    for label, judge in (("local", None), ("slow_judge", SlowJudge(0.2, verdicts=True))):
         rt = streamjudge.configure(
             Settings(window_sentences=1, end_wait_s=1.0), downstream=_Discard(), judge=judge, set_global=False
         )
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"quick": q, "data": "faithbench-dev" if DATA.exists() else "built-in"}
     sections = (
         ("hot path", lambda: bench_hot_path(samples, repeats=3 if q else 7)),
-        ("inter-token latency", lambda: bench_itl(samples, n_streams=6 if q else 20, delay=0.005)),
+        ("inter-token latency", lambda: bench_itl(samples, n_streams=12 if q else 40, delay=0.005)),
         ("time to alert", lambda: bench_alerts(samples, n_streams=10 if q else 30, delay=0.002)),
         ("judge pool", lambda: bench_pool(0.3, rounds=3 if q else 6)),
     )

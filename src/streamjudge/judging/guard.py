@@ -100,6 +100,7 @@ class GuardSession:
         name: str | None = None,
         attributes: Mapping[str, AttributeValue] | None = None,
         context: Context | None = None,
+        start_time_ns: int | None = None,
     ) -> None:
         from streamjudge.runtime import get_runtime
 
@@ -156,7 +157,8 @@ class GuardSession:
         self.final: concurrent.futures.Future[JudgeResult | None] = concurrent.futures.Future()
         self._span: trace.Span | None = None
         self._span_id = 0
-        self._start_ns = 0
+        # when generation was requested (time to first token counts from here); default: start()
+        self._start_ns = start_time_ns or 0
         self._finished = False
 
     # --- listener API used by the processor (StreamListener) ----------------------------------------
@@ -203,7 +205,7 @@ class GuardSession:
     def start(self) -> list[StreamEvent]:
         """Open the stream span, resolve the question and contexts, run the pre-flight gate."""
         rt = self._runtime
-        self._start_ns = time.time_ns()
+        self._start_ns = self._start_ns or time.time_ns()
         self._window_start_ns = self._start_ns
         attrs: dict[str, AttributeValue] = {
             semconv.SPAN_TYPE: semconv.SPAN_TYPE_STREAM,

@@ -1,0 +1,112 @@
+"""The judge span processor beside an application's own exporters, and the metrics it records."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from _fakes import KeywordJudge, SyncKeywordJudge
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import streamjudge
+from streamjudge import semconv
+from streamjudge.config import Settings
+
+CONTEXTS = ["The sky is blue. Grass is green."]
+BAD = "The sky is blue. Grass is green. Then HALLUCINATED facts appear. More text here. The end."
+
+
+async def words(text: str) -> AsyncIterator[str]:
+    for w in text.split(" "):
+        yield w + " "
+        await asyncio.sleep(0.002)
+
+
+def run(**kw: object) -> None:
+    async def main() -> None:
+        async for _ in streamjudge.guard(words(BAD), question="sky", contexts=CONTEXTS, **kw):  # type: ignore[arg-type]
+            pass
+
+    asyncio.run(main())
+
+
+def test_beside_an_app_provider_results_go_out_as_evaluator_spans_and_log_events() -> None:
+    # the application (or the Langfuse SDK) set tracing up and exports spans itself
+    app_exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(app_exporter))
+    logs = InMemoryLogRecordExporter()
+    logger_provider = LoggerProvider()
+    logger_provider.add_log_record_processor(SimpleLogRecordProcessor(logs))
+    rt = streamjudge.configure(
+        Settings(), tracer_provider=provider, judge=SyncKeywordJudge(), logger_provider=logger_provider,
+        set_global=False,
+    )
+    try:
+        assert not rt.processor.owns_export
+        run()
+        rt.force_flush(10_000)
+        spans = app_exporter.get_finished_spans()
+        # the app's exporter got every span exactly once, unchanged, plus the evaluator spans
+        ids = [s.context.span_id for s in spans]
+        assert len(ids) == len(set(ids))
+        targets = {s.context.span_id: s for s in spans if s.name in (semconv.SPAN_CHECKPOINT, semconv.SPAN_STREAM)}
+        assert all(semconv.EVAL_STATUS not in s.attributes for s in targets.values())
+        evaluators = [s for s in spans if s.name == semconv.SPAN_EVALUATOR]
+        assert evaluators
+        for ev in evaluators:
+            target = ev.links[0].context
+            assert target.span_id in targets and ev.parent.span_id == target.span_id
+            assert ev.context.trace_id == target.trace_id
+            assert ev.attributes[semconv.SPAN_TYPE] == semconv.SPAN_TYPE_EVALUATOR
+        failing = [e for s in evaluators for e in s.events
+                   if e.attributes.get(semconv.GEN_AI_EVALUATION_SCORE_LABEL) == "fail"]
+        assert failing
+        records = logs.get_finished_logs()
+        assert records
+        rec = records[0].log_record
+        assert rec.event_name == semconv.EVENT_EVALUATION_RESULT
+        assert rec.trace_id in {s.context.trace_id for s in targets.values()}
+        assert rec.span_id in targets
+    finally:
+        rt.shutdown()
+
+
+def test_metrics_scores_alerts_latency_queue_depth_drops() -> None:
+    reader = InMemoryMetricReader()
+    rt = streamjudge.configure(
+        Settings(queue_size=1), downstream=SimpleSpanProcessor(InMemorySpanExporter()),
+        judge=KeywordJudge(), metric_readers=[reader], set_global=False,
+    )
+    try:
+        run()
+        rt.force_flush(10_000)
+        data = reader.get_metrics_data()
+        names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+        assert {semconv.METRIC_SCORE, semconv.METRIC_ALERTS, semconv.METRIC_JUDGE_DURATION,
+                semconv.METRIC_QUEUE_DEPTH} <= names
+    finally:
+        rt.shutdown()
+
+
+def test_global_budget_per_minute_refuses_with_a_reason() -> None:
+    exporter = InMemorySpanExporter()
+    rt = streamjudge.configure(
+        Settings(global_budget_per_minute=2, preflight=False), downstream=SimpleSpanProcessor(exporter),
+        judge=SyncKeywordJudge(), set_global=False,
+    )
+    try:
+        for _ in range(3):
+            run()
+        rt.force_flush(10_000)
+        statuses = [s.attributes[semconv.EVAL_STATUS] for s in exporter.get_finished_spans()
+                    if s.name in (semconv.SPAN_CHECKPOINT, semconv.SPAN_STREAM)]
+        assert statuses.count("judged") == 2
+        assert "budget_exhausted" in statuses
+    finally:
+        rt.shutdown()
