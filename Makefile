@@ -6,7 +6,7 @@ VENV ?= $(CACHE)/venv
 BIN := $(VENV)/bin
 # the dependency set is re-installed only when pyproject.toml changes
 DEPS_STAMP := $(VENV)/.deps-$(shell sha256sum pyproject.toml | cut -c1-16)
-EXTRAS ?= dev,langgraph,fastapi,llm
+EXTRAS ?= dev,langgraph,fastapi,llm,ragas,deepeval
 # mk/*.mk add their own prerequisites of `make test` to TEST_DEPS
 TEST_DEPS :=
 PYTEST_ARGS ?=
