@@ -253,6 +253,14 @@ class Collector:
     prometheus_endpoint: str
     env: dict[str, str]
 
+    def telemetry_text(self) -> str:
+        """The collector's own metrics (exporter failures, queue sizes...)."""
+        port = self.env["STREAMJUDGE_COLLECTOR_TELEMETRY_PORT"]
+        status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        if status != 200:
+            raise InfraError(f"collector telemetry /metrics -> {status}")
+        return body.decode()
+
     def metrics_text(self) -> str:
         """The Prometheus exporter's current exposition."""
         status, body = http_get(f"http://{self.prometheus_endpoint}/metrics")
@@ -377,6 +385,8 @@ class HttpSink:
 
     url: str
     requests: list[RecordedRequest] = field(default_factory=list)
+    # the status every request gets (set e.g. 401 or 503 to play a rejecting or failing backend)
+    status: int = 200
     _cond: threading.Condition = field(default_factory=threading.Condition)
 
     def record(self, request: RecordedRequest) -> None:
@@ -412,7 +422,7 @@ def run_http_sink() -> Iterator[HttpSink]:
             holder[0].record(
                 RecordedRequest(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
             )
-            self.send_response(200)
+            self.send_response(holder[0].status)
             self.send_header("Content-Type", "application/x-protobuf")
             self.send_header("Content-Length", "0")
             self.end_headers()

@@ -932,8 +932,6 @@ class GuardedStream:
                 text = s.accept(tok)
                 if text is not None and not s.hold_back:
                     yield StreamEvent("token", text)
-                elif s.hold_back and s.outstanding and not s.has_events:
-                    pass
             if s.stopped:
                 outcome = "stopped"
             else:

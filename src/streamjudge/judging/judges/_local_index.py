@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from streamjudge.judging.judges._local_text import (
     MONTHS,
     NUMBER_WORDS,
+    START,
     Facts,
     Number,
+    Resume,
     Span,
     analyze,
     claims,
     normalize,
     sentences,
+    split_from,
     term,
     word_keys,
 )
@@ -35,6 +38,14 @@ CONTENT_COVERAGE = 0.6
 # sentence matching stays bounded on huge contexts
 _MAX_POSTINGS = 64
 _MAX_LOOKUP_TERMS = 8
+#: unsupported claims a :class:`ClaimTally` keeps for an explanation (the first ones, in text order)
+LISTED = 3
+# Running texts are told apart by their first characters; each keeps its latest few split states (two
+# answers may start alike). Texts longer than _MAX_RUN_CHARS are judged whole, never remembered.
+_RUN_HEAD = 64
+_RUN_STATES = 4
+_MAX_RUNS = 64
+_MAX_RUN_CHARS = 1 << 18
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,34 +63,133 @@ class ClaimVerdict:
 _QUESTION = ClaimVerdict(supported=True, filler=True)
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimTally:
+    """The claim verdicts of a text, summed: what a faithfulness score and its explanation need."""
+
+    checked: int = 0
+    supported: int = 0
+    unsupported: int = 0
+    listed: tuple[tuple[str, ClaimVerdict], ...] = ()  # the first LISTED unsupported claims
+
+    def add(self, results: Sequence[tuple[tuple[str, ClaimVerdict], ...]]) -> ClaimTally:
+        """This tally plus the claims of ``results`` (one entry per sentence), fillers left out."""
+        checked, supported, unsupported = self.checked, self.supported, self.unsupported
+        listed = list(self.listed)
+        for sentence in results:
+            for claim in sentence:
+                verdict = claim[1]
+                if verdict.filler:
+                    continue
+                checked += 1
+                if verdict.supported:
+                    supported += 1
+                else:
+                    unsupported += 1
+                    if len(listed) < LISTED:
+                        listed.append(claim)
+        return ClaimTally(checked, supported, unsupported, tuple(listed))
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """How far a running text has been judged: its final sentences summed, and where to split on.
+
+    ``pending`` is a final span that may still be dropped as "unfinished": a line without terminal
+    punctuation is only counted at a checkpoint once anything follows it.
+    """
+
+    text: str
+    resume: Resume
+    tally: ClaimTally
+    pending: Span | None
+
+
+@dataclass(frozen=True, slots=True)
+class ContextPart:
+    """The analysis of one context, the same in every contexts tuple it appears in."""
+
+    raw: frozenset[str]  # lowercase words
+    keys: frozenset[str]  # comparison keys of the words
+    values: tuple[float, ...]  # numbers of its sentences
+    sentences: tuple[tuple[bool, frozenset[str]], ...]  # per sentence: negated, fact keys
+    all_keys: frozenset[str]  # words, keys and fact keys: what context precision matches against
+
+    @classmethod
+    def of(cls, context: str) -> ContextPart:
+        """Analyse one context."""
+        text = normalize(context)
+        raw, keys = word_keys(text)
+        values: list[float] = []
+        per_sentence: list[tuple[bool, frozenset[str]]] = []
+        facts_keys: set[str] = set()
+        for span in sentences(text):
+            facts = analyze(span.text, sentence_start=span.sentence_start)
+            values.extend(n.value for n in facts.numbers)
+            s_keys = fact_keys(facts)
+            facts_keys |= s_keys
+            per_sentence.append((facts.negated, s_keys))
+        return cls(
+            frozenset(raw), frozenset(keys), tuple(values), tuple(per_sentence),
+            frozenset(keys | raw | facts_keys),
+        )
+
+
+class PartCache:
+    """A small thread-safe LRU of :class:`ContextPart` by context text, shared by the indexes of one
+    judge: retrieval returns the same documents for many questions, and a tuple may repeat one."""
+
+    def __init__(self, size: int = 128, max_chars: int = 1 << 16) -> None:
+        self._size = size
+        self._max_chars = max_chars  # huge contexts are analysed each time rather than pinned in memory
+        self._lock = threading.Lock()
+        self._data: OrderedDict[str, ContextPart] = OrderedDict()
+
+    def get(self, context: str) -> ContextPart:
+        """The analysis of ``context``, computed on first use."""
+        if len(context) > self._max_chars:
+            return ContextPart.of(context)
+        with self._lock:
+            part = self._data.get(context)
+            if part is not None:
+                self._data.move_to_end(context)
+                return part
+        part = ContextPart.of(context)
+        with self._lock:
+            self._data[context] = part
+            if len(self._data) > self._size:
+                self._data.popitem(last=False)
+        return part
+
+
 class ContextIndex:
     """Words, numbers and sentences of a contexts tuple, with a claim-verdict cache. Thread-safe."""
 
-    def __init__(self, contexts: Sequence[str], *, claim_cache_size: int = 4096) -> None:
+    def __init__(
+        self, contexts: Sequence[str], *, claim_cache_size: int = 4096, parts: PartCache | None = None
+    ) -> None:
         raw: set[str] = set()
         keys: set[str] = set()
         values: list[float] = []
         self.context_keys: list[frozenset[str]] = []
         self.sentence_negated: list[bool] = []
         postings: dict[str, list[int]] = {}
+        seen: dict[str, ContextPart] = {}
         for ctx in contexts:
-            text = normalize(ctx)
-            c_raw, c_keys = word_keys(text)
-            raw |= c_raw
-            keys |= c_keys
-            c_facts: set[str] = set()
-            for span in sentences(text):
-                facts = analyze(span.text, sentence_start=span.sentence_start)
-                values.extend(n.value for n in facts.numbers)
-                s_keys = fact_keys(facts)
-                c_facts |= s_keys
+            part = seen.get(ctx)
+            if part is None:
+                part = seen[ctx] = parts.get(ctx) if parts is not None else ContextPart.of(ctx)
+                raw |= part.raw  # a repeated context adds no words or numbers
+                keys |= part.keys
+                values.extend(part.values)
+            for negated, s_keys in part.sentences:
                 sid = len(self.sentence_negated)
-                self.sentence_negated.append(facts.negated)
+                self.sentence_negated.append(negated)
                 for k in s_keys:
                     plist = postings.setdefault(k, [])
                     if len(plist) <= _MAX_POSTINGS:
                         plist.append(sid)
-            self.context_keys.append(frozenset(c_keys | c_raw | c_facts))
+            self.context_keys.append(part.all_keys)
         for w in raw:
             if w in NUMBER_WORDS:
                 values.append(NUMBER_WORDS[w])
@@ -91,6 +201,7 @@ class ContextIndex:
         self._postings = postings
         self._verdicts: OrderedDict[tuple[str, bool], tuple[tuple[str, ClaimVerdict], ...]] = OrderedDict()
         self._cache_size = claim_cache_size
+        self._runs: OrderedDict[str, list[_Run]] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -111,6 +222,58 @@ class ContextIndex:
         return lower in self.raw_words or key in self.keys
 
     # --- claims -----------------------------------------------------------------------------------
+
+    def tally(self, text: str, *, drop_tail: bool) -> ClaimTally:
+        """The claim verdicts of ``text`` (normalised), summed; ``drop_tail`` leaves out a last sentence
+        that is not finished yet.
+
+        A running text is re-judged at every checkpoint; when ``text`` extends one judged before, only
+        what follows that text's last final sentence is split and judged again, so a checkpoint costs
+        about its new sentences, not the whole prefix.
+        """
+        head = text[:_RUN_HEAD]
+        run: _Run | None = None
+        with self._lock:
+            runs = self._runs.get(head)
+            if runs is not None:
+                self._runs.move_to_end(head)
+                for r in runs:
+                    if text.startswith(r.text) and (run is None or len(r.text) > len(run.text)):
+                        run = r
+        split = split_from(text, run.resume) if run is not None else None
+        if split is None:
+            run = None
+            split = split_from(text, START)
+            assert split is not None  # a split from the start always succeeds
+        spans, stable, resume = split
+        base = run.tally if run is not None else ClaimTally()
+        if run is not None and run.pending is not None:
+            spans.insert(0, run.pending)
+            stable += 1
+        results = [self.verify_sentence(span) for span in spans]
+        # the last final span waits while nothing follows it: it may be an unfinished last line
+        if stable and not spans[stable - 1].terminated:
+            settled, pending = base.add(results[: stable - 1]), spans[stable - 1]
+        else:
+            settled, pending = base.add(results[:stable]), None
+        if len(text) <= _MAX_RUN_CHARS:
+            self._remember(head, run, _Run(text, resume, settled, pending))
+        if drop_tail and spans and not spans[-1].terminated:
+            results.pop()
+        # every span but the last counts as finished (see ``sentences``), so the rest adds up as it is
+        return base.add(results)
+
+    def _remember(self, head: str, old: _Run | None, new: _Run) -> None:
+        with self._lock:
+            runs = self._runs.get(head)
+            if runs is None:
+                runs = self._runs[head] = []
+                if len(self._runs) > _MAX_RUNS:
+                    self._runs.popitem(last=False)
+            # a stream only grows: its shorter state is not needed again
+            runs[:] = [r for r in runs if r is not old]
+            runs.insert(0, new)
+            del runs[_RUN_STATES:]
 
     def verify_sentence(self, span: Span) -> tuple[tuple[str, ClaimVerdict], ...]:
         """The claims of one sentence with their verdicts, from the cache when the sentence was judged
@@ -215,6 +378,7 @@ class IndexCache:
     def __init__(self, size: int = 32, claim_cache_size: int = 4096) -> None:
         self._size = max(1, size)
         self._claim_cache_size = claim_cache_size
+        self._parts = PartCache(max(8, 4 * self._size))
         self._lock = threading.Lock()
         self._data: OrderedDict[tuple[str, ...], ContextIndex] = OrderedDict()
 
@@ -226,7 +390,7 @@ class IndexCache:
                 self._data.move_to_end(contexts)
                 return idx
         # built outside the lock: a 1 MB context must not stall other streams' lookups
-        idx = ContextIndex(contexts, claim_cache_size=self._claim_cache_size)
+        idx = ContextIndex(contexts, claim_cache_size=self._claim_cache_size, parts=self._parts)
         with self._lock:
             existing = self._data.get(contexts)
             if existing is not None:
@@ -237,9 +401,10 @@ class IndexCache:
         return idx
 
     def clear(self) -> None:
-        """Forget every index (and with them all cached claim verdicts)."""
+        """Forget every index (and with them all cached claim verdicts and context analyses)."""
         with self._lock:
             self._data.clear()
+            self._parts = PartCache(max(8, 4 * self._size))
 
     def __len__(self) -> int:
         with self._lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 # --- word lists ----------------------------------------------------------------------------------
@@ -133,11 +134,12 @@ _WORD_SCALES = frozenset({"hundred", "thousand", "million", "millions", "billion
 # --- tokens --------------------------------------------------------------------------------------
 
 _CJK = r"\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-# a number ("1,000", "3.5"), a CJK character, or a word with inner apostrophes/hyphens
+# a number ("1,000", "3.5"), a CJK character, or a word with inner apostrophes/hyphens (each followed by a
+# letter); a word is written as runs of letters so the regex engine scans each run in one tight loop
 _TOKEN_RE = re.compile(
     rf"(?P<num>\d{{1,3}}(?:,\d{{3}})+(?:\.\d+)?|\d+(?:\.\d+)?)"
     rf"|(?P<cjk>[{_CJK}])"
-    rf"|(?P<word>[^\W\d_{_CJK}](?:[^\W_{_CJK}]|['\-](?=[^\W_{_CJK}]))*)"
+    rf"|(?P<word>[^\W\d_{_CJK}][^\W_{_CJK}]*(?:['\-][^\W_{_CJK}]+)*)"
     rf"|(?P<pct>%)"
 )
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u2010": "-", "\u2011": "-"})
@@ -145,6 +147,8 @@ _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u20
 
 def normalize(text: str) -> str:
     """NFKC, unified apostrophes and hyphens; keeps length roughly linear and never raises."""
+    if text.isascii():  # O(1) on str; ASCII is NFKC-stable and holds no character to translate
+        return text
     return unicodedata.normalize("NFKC", text).translate(_APOSTROPHES)
 
 
@@ -226,6 +230,48 @@ def _number_value(raw: str) -> tuple[float, float]:
     return value, 0.5 * 10.0 ** (-decimals)
 
 
+@dataclass(frozen=True, slots=True)
+class _Word:
+    """What :func:`analyze` needs to know about one word token, independent of where it stands."""
+
+    lower: str  # lowercase, without a final "'s"
+    negation: bool
+    date: str | None  # three-letter month/day key when the token reads as a date
+    upper: bool  # first letter upper case: a name unless it starts a sentence or phrase
+    acronym: bool
+    nameable: bool  # neither a stopword nor "I"
+    number: bool  # a number word ("two", "dozen")
+    key: str | None  # comparison key when the word is a content term
+
+
+@functools.lru_cache(maxsize=65536)
+def _word(tok: str) -> _Word:
+    # the per-word decisions of analyze, cached by token: running texts and contexts repeat words a lot
+    lower = tok.lower()
+    if lower.endswith("'s"):
+        lower = lower[:-2]  # "here's", "Europe's": the base word decides what the token is
+    negation = lower in NEGATIONS or lower.endswith("n't")
+    upper = tok[0].isupper()
+    date = lower[:3] if lower in MONTHS and (lower not in _AMBIGUOUS_MONTHS or upper) else None
+    content = not (
+        lower in STOPWORDS
+        or lower in NEGATIONS
+        or lower in META_WORDS
+        or lower.endswith("n't")
+        or len(lower) < 2
+    )
+    return _Word(
+        lower=lower,
+        negation=negation,
+        date=date,
+        upper=upper,
+        acronym=len(tok) >= 2 and tok.isupper() and tok.isalpha(),
+        nameable=lower not in STOPWORDS and lower != "i",
+        number=lower in NUMBER_WORDS,
+        key=term(lower) if content and lower not in NUMBER_WORDS else None,
+    )
+
+
 def analyze(text: str, sentence_start: bool = True) -> Facts:
     """Extract content terms, numbers, named entities, dates and negation from ``text`` (normalised).
 
@@ -244,27 +290,67 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
     prev_end = 0
     matches = list(_TOKEN_RE.finditer(text))
 
-    def close_entity() -> None:
-        if entity_run:
-            entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
-            entity_run.clear()
-
     i = 0
     n = len(matches)
     while i < n:
         m = matches[i]
-        gap = text[prev_end : m.start()]
-        prev_end = m.end()
-        if gap != " " and gap:
+        m_start = m.start()
+        if m_start != prev_end and (m_start - prev_end != 1 or text[prev_end] != " "):
+            gap = text[prev_end:m_start]
             # a quote, colon or bracket opens a new phrase: its first word is capitalised anyway
             if _OPENERS_RE.search(gap):
                 at_start = True
-            if _BREAKS_RE.search(gap):
-                close_entity()
+            if entity_run and _BREAKS_RE.search(gap):
+                entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+                entity_run.clear()
+        prev_end = m.end()
         kind = m.lastgroup
         tok = m.group()
+        if kind == "word":
+            cjk_prev = None
+            w = _word(tok)
+            if w.negation:
+                negated = True
+            capitalised = w.upper and not at_start
+            at_start = False
+            if w.date is not None:
+                if entity_run:
+                    entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+                    entity_run.clear()
+                dates.append((w.date, tok))
+                meta_only = False
+                i += 1
+                continue
+            if (w.acronym or capitalised) and w.nameable:
+                entity_run.append(tok)
+                meta_only = False
+                i += 1
+                continue
+            if entity_run:
+                entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+                entity_run.clear()
+            if w.number:
+                value, tol, surface = NUMBER_WORDS[w.lower], 0.5, tok
+                # "five hundred", "two million"
+                if i + 1 < n and matches[i + 1].lastgroup == "word":
+                    nxt = matches[i + 1].group().lower()
+                    if nxt in _WORD_SCALES and text[m.end() : matches[i + 1].start()].isspace():
+                        value *= SCALES[nxt]
+                        tol *= SCALES[nxt]
+                        surface = text[m_start : matches[i + 1].end()]
+                        prev_end = matches[i + 1].end()
+                        i += 1
+                numbers.append(Number(surface, value, tol))
+                meta_only = False
+            elif w.key is not None:
+                terms.append((w.key, tok))
+                meta_only = False
+            i += 1
+            continue
         if kind == "num":
-            close_entity()
+            if entity_run:
+                entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+                entity_run.clear()
             cjk_prev = None
             value, tol = _number_value(tok)
             surface = tok
@@ -275,7 +361,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                 if nxt in SCALES and len(between) <= 1 and not (nxt in ("m", "b") and between):
                     value *= SCALES[nxt]
                     tol *= SCALES[nxt]
-                    surface = text[m.start() : matches[i + 1].end()]
+                    surface = text[m_start : matches[i + 1].end()]
                     prev_end = matches[i + 1].end()
                     i += 1
             numbers.append(Number(surface, value, tol))
@@ -286,63 +372,21 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
         if kind == "pct":
             i += 1
             continue
-        if kind == "cjk":
-            close_entity()
-            if cjk_prev is not None and m.start() == matches[i - 1].end():
-                bigram = cjk_prev + tok
-                terms.append((bigram, bigram))
-            elif i + 1 >= n or matches[i + 1].lastgroup != "cjk":
-                terms.append((tok, tok))  # a lone CJK character
-            cjk_prev = tok
-            meta_only = False
-            at_start = False
-            i += 1
-            continue
-        cjk_prev = None
-        lower = tok.lower()
-        if lower.endswith("'s"):
-            lower = lower[:-2]  # "here's", "Europe's": the base word decides what the token is
-        if lower in NEGATIONS or lower.endswith("n't"):
-            negated = True
-        is_acronym = len(tok) >= 2 and tok.isupper() and tok.isalpha()
-        capitalised = tok[0].isupper() and not at_start
+        # a CJK character
+        if entity_run:
+            entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+            entity_run.clear()
+        if cjk_prev is not None and m_start == matches[i - 1].end():
+            bigram = cjk_prev + tok
+            terms.append((bigram, bigram))
+        elif i + 1 >= n or matches[i + 1].lastgroup != "cjk":
+            terms.append((tok, tok))  # a lone CJK character
+        cjk_prev = tok
+        meta_only = False
         at_start = False
-        if lower in MONTHS and (lower not in _AMBIGUOUS_MONTHS or tok[0].isupper()):
-            close_entity()
-            dates.append((lower[:3], tok))
-            meta_only = False
-            i += 1
-            continue
-        if (is_acronym or capitalised) and lower not in STOPWORDS and lower != "i":
-            entity_run.append(tok)
-            meta_only = False
-            i += 1
-            continue
-        close_entity()
-        if lower in NUMBER_WORDS:
-            value, tol, surface = NUMBER_WORDS[lower], 0.5, tok
-            # "five hundred", "two million"
-            if i + 1 < n and matches[i + 1].lastgroup == "word":
-                nxt = matches[i + 1].group().lower()
-                if nxt in _WORD_SCALES and text[m.end() : matches[i + 1].start()].isspace():
-                    value *= SCALES[nxt]
-                    tol *= SCALES[nxt]
-                    surface = text[m.start() : matches[i + 1].end()]
-                    prev_end = matches[i + 1].end()
-                    i += 1
-            numbers.append(Number(surface, value, tol))
-            meta_only = False
-        elif not (
-            lower in STOPWORDS
-            or lower in NEGATIONS
-            or lower in META_WORDS
-            or lower.endswith("n't")
-            or len(lower) < 2
-        ):
-            terms.append((term(lower), tok))
-            meta_only = False
         i += 1
-    close_entity()
+    if entity_run:
+        entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
     return Facts(tuple(terms), tuple(numbers), tuple(entities), tuple(dates), negated, meta_only)
 
 
@@ -379,6 +423,8 @@ _ABBREVIATIONS: frozenset[str] = _words(
 # end of a sentence: terminal punctuation, optional closing quotes/brackets, then whitespace
 _SENT_END_RE = re.compile(r"[.!?\u3002\uff01\uff1f]+[\"'\u201d\u2019)\]]*(?=\s|$)|[\u3002\uff01\uff1f]")
 _LIST_MARKER_RE = re.compile(r"^\s*(?:[-*\u2022\u25cf\u2013]|\d{1,3}[.)]|[a-zA-Z][.)](?=\s))\s+")
+# any character a sentence end starts with: found by a fast charset scan, then _SENT_END_RE confirms
+_SENT_END_CHAR_RE = re.compile(r"[.!?\u3002\uff01\uff1f]")
 _WORD_BEFORE_RE = re.compile(r"([\w.]+)$")
 _NEXT_CHAR_RE = re.compile(r"\s*(\S)")
 
@@ -392,16 +438,61 @@ class Span:
     sentence_start: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Where splitting a growing text can pick up again: every sentence before it is final, whatever
+    text is appended later."""
+
+    line_pos: int  # offset in the text of the line being split
+    lead: int  # characters cut from the line's start (list marker, blanks); -1: the line starts here
+    start: int  # offset in the cut line where the next sentence begins
+
+
+START = Resume(0, -1, 0)
+
+
 def sentences(text: str) -> list[Span]:
     """Split ``text`` into sentences: lines first, then terminal punctuation, minding abbreviations,
     initials and decimals. List markers are dropped. Linear in ``len(text)``."""
+    split = split_from(text, START)
+    assert split is not None  # a split from the start always succeeds
+    out = split[0]
+    # only the very last span can be "still being written"; earlier lines are complete
+    return [
+        s if s.terminated or i == len(out) - 1 else Span(s.text, True, s.sentence_start)
+        for i, s in enumerate(out)
+    ]
+
+
+def split_from(text: str, resume: Resume) -> tuple[list[Span], int, Resume] | None:
+    """Split ``text`` from ``resume`` (a point that :func:`split_from` returned for a prefix of ``text``).
+
+    Returns the spans from there on, as :func:`sentences` finds them but before it marks all spans
+    except the last as terminated; how many of them are final however the text goes on; and the point
+    after those, to resume from once the text has grown. ``None`` when ``resume`` does not fit ``text``
+    (the line's list marker reads differently): split from :data:`START` instead.
+
+    A span is final once the line it is on is complete, or once a blank and more text follow its
+    terminal punctuation (that text decides abbreviations and lower-case continuations).
+    """
     out: list[Span] = []
-    for line in text.split("\n"):
-        line = _LIST_MARKER_RE.sub("", line, count=1).strip()
-        if not line:
-            continue
-        start = 0
-        for m in _SENT_END_RE.finditer(line):
+    stable = 0
+    last = resume
+    pos = resume.line_pos
+    lead = resume.lead
+    this_lead = -1
+    while True:
+        nl = text.find("\n", pos)
+        complete = nl >= 0
+        raw = text[pos:nl] if complete else text[pos:]
+        cut = _LIST_MARKER_RE.sub("", raw, count=1)
+        line = cut.strip()
+        if lead >= 0 or not complete:
+            this_lead = len(raw) - len(cut.lstrip())
+            if lead >= 0 and this_lead != lead:
+                return None
+        start = resume.start if lead >= 0 else 0
+        for m in _sentence_ends(line, start):
             end = m.end()
             if m.group()[0] == ".":
                 before = _WORD_BEFORE_RE.search(line, max(start, m.start() - 20), m.start())
@@ -416,15 +507,35 @@ def sentences(text: str) -> list[Span]:
             if piece:
                 out.append(Span(piece, True))
             start = end
+            # the line is stripped, so a blank here means more text follows on this line
+            if not complete and end < len(line) and line[end].isspace():
+                stable = len(out)
+                last = Resume(pos, this_lead, end)
         rest = line[start:].strip()
         if rest:
             # a line without final punctuation (a heading, a list item, or text still being written)
             out.append(Span(rest, rest[-1:] in ":"))
-    # only the very last span can be "still being written"; earlier lines are complete
-    return [
-        s if s.terminated or i == len(out) - 1 else Span(s.text, True, s.sentence_start)
-        for i, s in enumerate(out)
-    ]
+        if not complete:
+            return out, stable, last
+        pos = nl + 1
+        lead = -1
+        stable = len(out)
+        last = Resume(pos, -1, 0)
+
+
+def _sentence_ends(line: str, pos: int) -> Iterator[re.Match[str]]:
+    """The matches of ``_SENT_END_RE.finditer(line, pos)``, faster: every match starts with a sentence-end
+    character, and the regex engine finds those with a charset scan but tries a full match at every
+    position of a plain ``finditer``."""
+    search = _SENT_END_CHAR_RE.search
+    match = _SENT_END_RE.match
+    while (c := search(line, pos)) is not None:
+        m = match(line, c.start())
+        if m is None:
+            pos = c.start() + 1
+        else:
+            yield m
+            pos = m.end()
 
 
 _CLAUSE_SPLIT_RE = re.compile(r"\s*;\s*|,?\s+(?:but|whereas|while|although|however,?)\s+|,?\s+and\s+", re.I)

@@ -26,12 +26,12 @@ from typing import Any
 
 from streamjudge import semconv
 from streamjudge.judging.base import EvalInput, JudgeResult, Score
-from streamjudge.judging.judges._local_index import ClaimVerdict, ContextIndex, IndexCache, fact_keys
-from streamjudge.judging.judges._local_text import analyze, normalize, sentences, word_keys
+from streamjudge.judging.judges._local_index import LISTED, ClaimVerdict, ContextIndex, IndexCache, fact_keys
+from streamjudge.judging.judges._local_text import analyze, normalize, word_keys
 
 # inputs larger than this are judged in a worker thread by ``evaluate`` so the pool's loop stays responsive
 _THREAD_OFFLOAD_CHARS = 100_000
-_MAX_LISTED = 3  # unsupported claims quoted in an explanation
+_MAX_LISTED = LISTED  # unsupported claims quoted in an explanation
 _MAX_QUOTE = 160
 
 _REFUSAL_RE = re.compile(
@@ -167,29 +167,16 @@ _METRICS = {
 
 
 def _claims_score(name: str, index: ContextIndex, text: str, *, drop_tail: bool, what: str) -> Score:
-    spans = sentences(normalize(text))
-    if drop_tail and spans and not spans[-1].terminated:
-        spans = spans[:-1]
-    checked = 0
-    supported = 0
-    unsupported: list[tuple[str, ClaimVerdict]] = []
-    for sentence in spans:
-        for claim_text, verdict in index.verify_sentence(sentence):
-            if verdict.filler:
-                continue
-            checked += 1
-            if verdict.supported:
-                supported += 1
-            else:
-                unsupported.append((claim_text, verdict))
-    if checked == 0:
+    tally = index.tally(normalize(text), drop_tail=drop_tail)
+    if tally.checked == 0:
         return Score(name, None, skipped="no_claims")
-    value = supported / checked
-    head = f"{supported}/{checked} {what} supported"
-    if not unsupported:
+    value = tally.supported / tally.checked
+    head = f"{tally.supported}/{tally.checked} {what} supported"
+    if not tally.unsupported:
         return Score(name, value, explanation=head)
-    parts = [_describe(text, v) for text, v in unsupported[:_MAX_LISTED]]
-    more = f"; and {len(unsupported) - _MAX_LISTED} more" if len(unsupported) > _MAX_LISTED else ""
+    parts = [_describe(text, v) for text, v in tally.listed[:_MAX_LISTED]]
+    extra = tally.unsupported - _MAX_LISTED
+    more = f"; and {extra} more" if extra > 0 else ""
     return Score(name, _clamp(value), explanation=f"{head}; unsupported: {'; '.join(parts)}{more}")
 
 
