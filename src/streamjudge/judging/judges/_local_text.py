@@ -390,6 +390,13 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
     return Facts(tuple(terms), tuple(numbers), tuple(entities), tuple(dates), negated, meta_only)
 
 
+@functools.lru_cache(maxsize=65536)
+def _word_forms(tok: str) -> tuple[str, str, str | None]:
+    # lowercase form, comparison key, and the base of a "'s" form, cached by token like _word
+    lower = tok.lower()
+    return lower, term(lower), lower[:-2] if lower.endswith("'s") else None
+
+
 def word_keys(text: str) -> tuple[set[str], set[str]]:
     """All lowercase words of ``text`` and their comparison keys (for the context side of matching)."""
     raw: set[str] = set()
@@ -399,11 +406,11 @@ def word_keys(text: str) -> tuple[set[str], set[str]]:
     for m in _TOKEN_RE.finditer(text):
         kind = m.lastgroup
         if kind == "word":
-            lower = m.group().lower()
+            lower, key, base = _word_forms(m.group())
             raw.add(lower)
-            keys.add(term(lower))
-            if lower.endswith("'s"):
-                raw.add(lower[:-2])
+            keys.add(key)
+            if base is not None:
+                raw.add(base)
         elif kind == "cjk":
             tok = m.group()
             keys.add(tok)
