@@ -253,10 +253,14 @@ class Collector:
     prometheus_endpoint: str
     env: dict[str, str]
 
+    @property
+    def telemetry_endpoint(self) -> str:
+        """host:port of the collector's own metrics."""
+        return f"127.0.0.1:{self.env['STREAMJUDGE_COLLECTOR_TELEMETRY_PORT']}"
+
     def telemetry_text(self) -> str:
         """The collector's own metrics (exporter failures, queue sizes...)."""
-        port = self.env["STREAMJUDGE_COLLECTOR_TELEMETRY_PORT"]
-        status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        status, body = http_get(f"http://{self.telemetry_endpoint}/metrics")
         if status != 200:
             raise InfraError(f"collector telemetry /metrics -> {status}")
         return body.decode()
@@ -513,11 +517,14 @@ class Prometheus:
         raise InfraError(f"{promql!r} stayed empty for {timeout:.0f}s")
 
 
-def prometheus_config(scrape_target: str, alertmanager: str, interval: str = "1s") -> str:
-    """collector/prometheus.yml with the given scrape target, Alertmanager and scrape/evaluation interval."""
+def prometheus_config(
+    scrape_target: str, alertmanager: str, telemetry_target: str = "127.0.0.1:8888", interval: str = "1s"
+) -> str:
+    """collector/prometheus.yml with the given targets, Alertmanager and scrape/evaluation interval."""
     text = (COLLECTOR_DIR / "prometheus.yml").read_text()
     text = _replace_once(text, '"127.0.0.1:8889"', f'"{scrape_target}"', "prometheus.yml")
     text = _replace_once(text, '"127.0.0.1:9093"', f'"{alertmanager}"', "prometheus.yml")
+    text = _replace_once(text, '"127.0.0.1:8888"', f'"{telemetry_target}"', "prometheus.yml")
     text = _replace_once(text, "scrape_interval: 15s", f"scrape_interval: {interval}", "prometheus.yml")
     text = _replace_once(
         text, "evaluation_interval: 15s", f"evaluation_interval: {interval}", "prometheus.yml"
@@ -526,10 +533,12 @@ def prometheus_config(scrape_target: str, alertmanager: str, interval: str = "1s
 
 
 @contextlib.contextmanager
-def run_prometheus(log_dir: Path, scrape_target: str, alertmanager: str) -> Iterator[Prometheus]:
+def run_prometheus(
+    log_dir: Path, scrape_target: str, alertmanager: str, telemetry_target: str
+) -> Iterator[Prometheus]:
     """Prometheus with collector/prometheus.yml (1s scrape and evaluation) on a free loopback port."""
     config = log_dir / "prometheus.yml"
-    config.write_text(prometheus_config(scrape_target, alertmanager))
+    config.write_text(prometheus_config(scrape_target, alertmanager, telemetry_target))
     port = free_port()
     argv = [
         str(system_binary("prometheus", "STREAMJUDGE_PROMETHEUS")),
@@ -573,7 +582,12 @@ class ObservabilityStack:
             webhook = stack.enter_context(run_webhook_receiver())
             alertmanager = stack.enter_context(run_alertmanager(log_dir, webhook.url))
             prometheus = stack.enter_context(
-                run_prometheus(log_dir, collector.prometheus_endpoint, alertmanager.endpoint)
+                run_prometheus(
+                    log_dir,
+                    collector.prometheus_endpoint,
+                    alertmanager.endpoint,
+                    collector.telemetry_endpoint,
+                )
             )
             yield cls(jaeger, collector, prometheus, alertmanager, webhook)
 

@@ -199,6 +199,12 @@ def test_hallucinating_stream_is_traced_scored_and_alerted_while_grounded_one_fi
     assert sum(float(r["value"][1]) for r in alerts_total) >= 1
     assert prom.query(f'streamjudge_alerts_total{{job="{GROUNDED_SERVICE}"}}') == []
 
+    # the collector's own telemetry is scraped too: what each trace backend received
+    sent = prom.wait_for_query(
+        '{__name__=~"otelcol_exporter_sent_spans(_total)?",exporter="otlp_grpc/jaeger"}'
+    )
+    assert sum(float(r["value"][1]) for r in sent) >= len(spans)
+
     # --- the Langfuse path: OTLP/HTTP at {host}/api/public/otel with Basic auth ----------------------------
     def carries_bad_trace(req: RecordedRequest) -> bool:
         if req.path != "/api/public/otel/v1/traces":
