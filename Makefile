@@ -40,8 +40,10 @@ lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
 
+# every benchmark prints ratios against a baseline measured in the same run
+BENCHES ?= run.py bench_sentences.py bench_local_judge.py faithbench.py bench_judges.py bench_instrumentation.py
 bench: install
-	$(BIN)/python benchmarks/run.py
+	@set -e; for b in $(BENCHES); do echo "### benchmarks/$$b"; $(BIN)/python benchmarks/$$b; echo; done
 
 clean-venv:
 	rm -rf $(VENV)
