@@ -177,6 +177,102 @@ def test_deterministic_across_instances_and_hash_seeds() -> None:
     assert repr(a) + "\n" in outputs
 
 
+_TRICKY_RUNNING_TEXT = (
+    "Here is what I found:\n- The company was founded in 1998.\n- Based in Palo Alto\n\nHistory\n"
+    "It was founded by two graduate students, e.g. Dr. Page and Mr. Brin... It grew fast! Did it? "
+    "Revenue rose to $1.2 bn. in 2004. 3. items were sold; sales fell but staff grew and offices opened. "
+    "a) first item\n  2) second item. It was not founded in Berlin. 公司成立于1998年。它很好。"
+)
+
+
+def test_incremental_checkpoints_equal_judging_each_text_afresh() -> None:
+    """A running text judged as it grows, character by character, on one judge (the incremental path)
+    gets exactly the verdicts a fresh judge gives each text: list markers, headings, abbreviations,
+    decimals and lower-case continuations decided by characters that arrive later included."""
+    contexts = (CONTEXT, "Revenue was $1.2 billion in 2004. The company was not founded in Berlin.")
+    judge = LocalJudge()
+    text = _TRICKY_RUNNING_TEXT
+    for end in range(1, len(text) + 1):
+        for kind in ("checkpoint", "answer"):
+            item = EvalInput(QUESTION, contexts, text[:end], kind=kind, reference=text[:end])  # type: ignore[arg-type]
+            metrics = [F, semconv.CONTEXT_RECALL]
+            assert judge.evaluate_sync(item, metrics) == LocalJudge().evaluate_sync(item, metrics), text[:end]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    text=st.lists(
+        st.sampled_from(
+            [*"aZ1. -\n?!:;3'\"e)公。", " and ", " but ", "Dr.", " Palo Alto", " 1998", " was not",
+             " founded", "\n- ", "\n2. ", "..."]
+        ),
+        max_size=40,
+    ).map("".join),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=8),
+)
+def test_incremental_checkpoints_on_arbitrary_growth(text: str, cuts: list[int]) -> None:
+    judge = LocalJudge()
+    for end in sorted({min(c, len(text)) for c in cuts} | {len(text)}):
+        item = EvalInput(QUESTION, (CONTEXT,), text[:end], kind="checkpoint")
+        assert judge.evaluate_sync(item, [F]) == LocalJudge().evaluate_sync(item, [F])
+
+
+def test_checkpoint_cost_does_not_grow_with_the_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoint k splits and analyses about its new sentences only, not the whole running text."""
+    from streamjudge.judging.judges import _local_index, _local_text
+
+    spans_split: list[int] = []
+    analysed_chars: list[int] = []
+    split, analyze = _local_text.split_from, _local_text.analyze
+
+    def counting_split(text: str, resume: _local_text.Resume) -> object:
+        result = split(text, resume)
+        spans_split.append(len(result[0]) if result is not None else 0)
+        return result
+
+    def counting_analyze(text: str, sentence_start: bool = True) -> Facts:
+        analysed_chars.append(len(text))
+        return analyze(text, sentence_start)
+
+    monkeypatch.setattr(_local_index, "split_from", counting_split)
+    monkeypatch.setattr(_local_index, "analyze", counting_analyze)
+    monkeypatch.setattr(_local_text, "analyze", counting_analyze)
+    judge = LocalJudge()
+    sentence = "Office {k} in Palo Alto opened in 1998, and it hired {k} graduate students there. "
+    text = ""
+    spans, chars = [], []
+    for k in range(0, 200, 2):
+        text += sentence.format(k=k) + sentence.format(k=k + 1)
+        spans_split.clear()
+        analysed_chars.clear()
+        judge.evaluate_sync(EvalInput(QUESTION, (CONTEXT,), text, kind="checkpoint"), [F])
+        spans.append(sum(spans_split))
+        chars.append(sum(analysed_chars))
+    # each checkpoint re-splits from the last sentence that was final, and analyses its new sentences
+    # (twice: clause weights, then the claims); a whole-text re-split would reach 200 sentences
+    assert max(spans[1:]) <= 3, spans
+    assert max(chars) <= 4 * 2 * (len(sentence) + 4), chars
+
+
+def test_a_context_is_analysed_once_per_judge(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamjudge.judging.judges._local_index import ContextPart
+
+    analysed: list[str] = []
+    original = ContextPart.of.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[ContextPart], context: str) -> ContextPart:
+        analysed.append(context)
+        return original(cls, context)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(ContextPart, "of", classmethod(counting))
+    judge = LocalJudge()
+    other = "Unrelated text about Berlin."
+    for contexts, expected in (((CONTEXT, CONTEXT), 1.0), ((CONTEXT, other), 1.0), ((other,), 0.0)):
+        s = judge.evaluate_sync(EvalInput(QUESTION, contexts, CONTEXT), [F]).get(F)
+        assert s is not None and s.value == expected
+    assert analysed == [CONTEXT, other]
+
+
 # --- skips ----------------------------------------------------------------------------------------
 
 

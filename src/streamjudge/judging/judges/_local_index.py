@@ -1,7 +1,9 @@
 """The searchable form of one set of contexts, and claim verification against it.
 
-A :class:`ContextIndex` is built once per contexts tuple (the contexts are fixed for a whole stream) and
-keeps a bounded cache of claim verdicts, so re-judging a growing running text costs only its new claims.
+A :class:`ContextIndex` is built once per contexts tuple (the contexts are fixed for a whole stream) from
+per-context analyses (:class:`ContextPart`, shared between tuples), keeps a bounded cache of claim
+verdicts, and remembers for recent running texts the claim tally of their final sentences and where to
+split on, so re-judging a growing running text costs only its new sentences.
 """
 
 from __future__ import annotations

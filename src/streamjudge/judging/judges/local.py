@@ -13,8 +13,10 @@ with term overlap in place of an LLM verdict). Answer relevancy is the share of 
 terms the answer takes up, and 0 for a refusal. Context recall is the share of reference claims the
 contexts support.
 
-Contexts are indexed once per contexts tuple (a small LRU) and claim verdicts are cached per index, so
-re-judging a growing running text at every checkpoint costs about the new claims only.
+Contexts are indexed once per contexts tuple (a small LRU; each context's analysis is shared between
+tuples), claim verdicts are cached per index, and each index remembers how far a running text has been
+split and judged, so re-judging the growing running text at every checkpoint splits and judges only what
+follows its last final sentence: a checkpoint costs about its new sentences, not the whole prefix.
 """
 
 from __future__ import annotations
