@@ -3,16 +3,42 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from integration.infra import HttpSink, ObservabilityStack, run_http_sink
+from integration.infra import (
+    HttpSink,
+    InfraError,
+    ObservabilityStack,
+    collector_binary,
+    jaeger_binary,
+    run_http_sink,
+)
 
 # what a Langfuse project's keys look like; base64("<public>:<secret>") is the Basic auth credential
 LANGFUSE_PUBLIC_KEY = "pk-lf-e2e-0000"
 LANGFUSE_SECRET_KEY = "sk-lf-e2e-secret-0000"
 LANGFUSE_AUTH = base64.b64encode(f"{LANGFUSE_PUBLIC_KEY}:{LANGFUSE_SECRET_KEY}".encode()).decode()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the collector and Jaeger before the first integration test runs.
+
+    A first build takes minutes; done here it does not count against a test's timeout. ``make test`` has
+    built them already (``test-infra``), so this is a cache hit there. A failure is remembered by
+    ``make_binary`` and reported by the tests that need the binary.
+    """
+    here = Path(__file__).parent
+    if any(
+        here in Path(str(item.path)).parents and item.get_closest_marker("integration")
+        for item in session.items
+    ):
+        with contextlib.suppress(InfraError):
+            collector_binary()
+            jaeger_binary()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ Usage::
 from __future__ import annotations
 
 import contextlib
-import functools
 import gzip
 import json
 import os
@@ -55,27 +54,46 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@functools.cache
+_built: dict[str, Path | InfraError] = {}
+_build_lock = threading.Lock()
+
+
 def make_binary(target: str, env_var: str) -> Path:
-    """Path of a binary built by ``make -s <target>`` (cached after its first build), or ``$env_var``."""
+    """Path of a binary built by ``make -s <target>`` (the last line it prints), or ``$env_var``.
+
+    The outcome, failure included, is remembered for the session: a broken build is reported by every test
+    that needs it without being retried each time.
+    """
     override = os.environ.get(env_var)
     if override:
         path = Path(override)
-    else:
-        proc = subprocess.run(
-            ["make", "-s", "--no-print-directory", target],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=3600,
-            check=False,
-        )
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            raise InfraError(f"`make {target}` failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        path = Path(lines[-1].strip())
+        if not os.access(path, os.X_OK):
+            raise InfraError(f"{env_var}={override} is not an executable file")
+        return path
+    with _build_lock:
+        if target not in _built:
+            _built[target] = _run_make(target)
+        outcome = _built[target]
+    if isinstance(outcome, InfraError):
+        raise outcome
+    return outcome
+
+
+def _run_make(target: str) -> Path | InfraError:
+    proc = subprocess.run(
+        ["make", "-s", "--no-print-directory", target],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return InfraError(f"`make {target}` failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    path = Path(lines[-1].strip())
     if not os.access(path, os.X_OK):
-        raise InfraError(f"{target} binary {path} is not executable (set {env_var} or run `make {target}`)")
+        return InfraError(f"`make {target}` printed {path}, which is not an executable file")
     return path
 
 
