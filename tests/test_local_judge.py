@@ -101,6 +101,12 @@ def test_clauses_joined_by_and_are_separate_claims() -> None:
     assert "1/1 claims" in faith("Two graduate students founded the company in Palo Alto.").explanation
 
 
+def test_clause_separators_match_case_insensitively_with_odd_letters() -> None:
+    # "ı" (dotless i) matches "i" case-insensitively: "whıle" still separates two claims
+    s = faith("The company was founded in 1998 in Palo Alto, whıle Tokyo Berlin Rome opened in 2005.")
+    assert "1/2 claims" in s.explanation, s.explanation
+
+
 def test_filler_does_not_count() -> None:
     s = faith("Here is what I found. " + CONTEXT + " Let me know if you need more. I hope this helps!")
     assert s.value == 1.0

@@ -23,7 +23,7 @@ from streamjudge.judging.judges._local_text import (
     Resume,
     Span,
     analyze,
-    claims,
+    claims_with_facts,
     normalize,
     sentences,
     split_from,
@@ -288,8 +288,9 @@ class ContextIndex:
                 self._verdicts.move_to_end(cache_key)
                 return hit
         result = tuple(
-            (c.text, _QUESTION if c.text.endswith("?") else self._verify(analyze(c.text, c.sentence_start)))
-            for c in claims(span)
+            (c.text, _QUESTION if c.text.endswith("?") else self._verify(
+                facts if facts is not None else analyze(c.text, c.sentence_start)))
+            for c, facts in claims_with_facts(span)
         )
         with self._lock:
             self._verdicts[cache_key] = result

@@ -546,10 +546,13 @@ def _sentence_ends(line: str, pos: int) -> Iterator[re.Match[str]]:
 
 
 _CLAUSE_SPLIT_RE = re.compile(r"\s*;\s*|,?\s+(?:but|whereas|while|although|however,?)\s+|,?\s+and\s+", re.I)
+# every match of _CLAUSE_SPLIT_RE holds one of these after str.lower(), unless the text has one of the
+# characters re.IGNORECASE matches to a letter they do not lower-case to ("ı", "İ" ~ "i"; "ſ" ~ "s")
+_CLAUSE_WORDS = (";", "and", "but", "whereas", "while", "although", "however")
+_CASE_ODDITIES = frozenset("\u0130\u0131\u017f")
 
 
-def _weight(text: str, start: bool) -> int:
-    f = analyze(text, sentence_start=start)
+def _weight(f: Facts) -> int:
     return len(f.terms) + len(f.numbers) + len(f.entities) + len(f.dates)
 
 
@@ -559,27 +562,51 @@ def claims(span: Span) -> list[Span]:
 
     Each segment between separators is analysed once, so this stays linear in the sentence length.
     """
+    return [claim for claim, _ in claims_with_facts(span)]
+
+
+def claims_with_facts(span: Span) -> list[tuple[Span, Facts | None]]:
+    """:func:`claims`, each with its :func:`analyze` result when splitting already computed it (a claim
+    that is exactly one segment between separators), else ``None``."""
     text = span.text
+    # most sentences hold no separator at all; the regex engine would try it at every position
+    lower = text.lower()
+    if not any(word in lower for word in _CLAUSE_WORDS) and _CASE_ODDITIES.isdisjoint(text):
+        return [(span, None)]
     seps = list(_CLAUSE_SPLIT_RE.finditer(text))
     if not seps:
-        return [span]
+        return [(span, None)]
     bounds = [0, *(x for m in seps for x in (m.start(), m.end())), len(text)]
     segments = [(bounds[2 * k], bounds[2 * k + 1]) for k in range(len(seps) + 1)]
-    weights = [_weight(text[a:b], a == 0 and span.sentence_start) for a, b in segments]
+    facts = [analyze(text[a:b], a == 0 and span.sentence_start) for a, b in segments]
+    weights = [_weight(f) for f in facts]
     suffix = [0] * (len(weights) + 1)
     for k in range(len(weights) - 1, -1, -1):
         suffix[k] = suffix[k + 1] + weights[k]
-    parts: list[Span] = []
+    parts: list[tuple[Span, Facts | None]] = []
     start = 0
+    first = 0  # index of the first segment of the claim being built
     left = 0
     for k, m in enumerate(seps):
         left += weights[k]
         need = 3 if m.group().strip(" ,").lower() == "and" else 2
         if left >= need and suffix[k + 1] >= need:
-            parts.append(Span(text[start : m.start()].strip(), True, start == 0 and span.sentence_start))
+            claim = Span(text[start : m.start()].strip(), True, start == 0 and span.sentence_start)
+            parts.append((claim, _reuse(claim, text, segments[k], span, facts[k]) if first == k else None))
             start = m.end()
+            first = k + 1
             left = 0
     if not parts:
-        return [span]
-    parts.append(Span(text[start:].strip(), span.terminated, False))
-    return [p for p in parts if p.text]
+        return [(span, None)]
+    claim = Span(text[start:].strip(), span.terminated, False)
+    last = len(segments) - 1
+    parts.append((claim, _reuse(claim, text, segments[last], span, facts[last]) if first == last else None))
+    return [p for p in parts if p[0].text]
+
+
+def _reuse(claim: Span, text: str, segment: tuple[int, int], span: Span, facts: Facts) -> Facts | None:
+    # a segment's analysis is the claim's only when both read exactly the same text from the same kind of
+    # start (analyze is deterministic)
+    a, b = segment
+    same = claim.text == text[a:b] and claim.sentence_start == (a == 0 and span.sentence_start)
+    return facts if same else None
