@@ -503,3 +503,32 @@ def _short(resp: httpx.Response) -> str:
         return "<unreadable body>"
     text = " ".join(text.split())
     return text[:200]
+
+
+class BridgeSink:
+    """An :class:`~streamjudge.exporters.base.EvaluationSink` that delivers through an :class:`HttpBridge`.
+
+    Subclasses build their bridge in ``__init__`` (``self._bridge``) with the request builder of their API.
+    """
+
+    _bridge: HttpBridge
+
+    def emit(self, record: EvaluationRecord) -> None:
+        """Queue ``record``; returns at once, never raises."""
+        self._bridge.emit(record)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Deliver everything queued; False if the deadline passed first."""
+        return self._bridge.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: int | None = None) -> None:
+        """Flush within the shutdown deadline, then drop and report what is left."""
+        self._bridge.shutdown(timeout_millis)
+
+    @property
+    def stats(self) -> BridgeStats:
+        """Delivery counters (results sent, retries, dropped by reason)."""
+        return self._bridge.stats
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} -> {safe_url(self._bridge._base_url)}>"

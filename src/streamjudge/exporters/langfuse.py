@@ -47,7 +47,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
-from streamjudge.exporters._bridge import BridgeStats, HttpBridge, JsonRequest, Secret, result_name, safe_url
+from streamjudge.exporters._bridge import BridgeSink, HttpBridge, JsonRequest, Secret, result_name
 from streamjudge.exporters.base import EvaluationRecord
 from streamjudge.judging.base import Score
 
@@ -317,7 +317,7 @@ def score_body(record: EvaluationRecord, score: Score, *, environment: str | Non
     return body
 
 
-class LangfuseScoreSink:
+class LangfuseScoreSink(BridgeSink):
     """Posts each score of each evaluation record to Langfuse's scores API in the background.
 
     One request per score (the scores API takes one score per call; Langfuse's batch ingestion endpoint is
@@ -352,26 +352,6 @@ class LangfuseScoreSink:
             for s in r.scores
             if s.value is not None
         ]
-
-    def emit(self, record: EvaluationRecord) -> None:
-        """Queue the scores of ``record``; returns at once, never raises."""
-        self._bridge.emit(record)
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """Deliver everything queued; False if the deadline passed first."""
-        return self._bridge.force_flush(timeout_millis)
-
-    def shutdown(self, timeout_millis: int | None = None) -> None:
-        """Flush within the shutdown deadline, then drop and report what is left."""
-        self._bridge.shutdown(timeout_millis)
-
-    @property
-    def stats(self) -> BridgeStats:
-        """Delivery counters (scores sent, retries, dropped by reason)."""
-        return self._bridge.stats
-
-    def __repr__(self) -> str:
-        return f"<LangfuseScoreSink -> {safe_url(self._bridge._base_url)}>"
 
 
 def langfuse_score_sink_from_env(

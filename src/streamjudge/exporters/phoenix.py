@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from streamjudge.exporters._bridge import BridgeStats, HttpBridge, JsonRequest, Secret, result_name, safe_url
+from streamjudge.exporters._bridge import BridgeSink, HttpBridge, JsonRequest, Secret, result_name
 from streamjudge.exporters.base import EvaluationRecord
 from streamjudge.judging.base import Score
 
@@ -100,7 +100,7 @@ def annotation(record: EvaluationRecord, score: Score) -> dict[str, Any]:
     }
 
 
-class PhoenixAnnotationSink:
+class PhoenixAnnotationSink(BridgeSink):
     """Posts evaluation results to Phoenix as span annotations, batched, in the background.
 
     See :class:`~streamjudge.exporters._bridge.HttpBridge` for queueing, retry and shutdown semantics.
@@ -136,26 +136,6 @@ class PhoenixAnnotationSink:
             )
             for i in range(0, len(data), _MAX_ANNOTATIONS_PER_REQUEST)
         ]
-
-    def emit(self, record: EvaluationRecord) -> None:
-        """Queue the scores of ``record``; returns at once, never raises."""
-        self._bridge.emit(record)
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """Deliver everything queued; False if the deadline passed first."""
-        return self._bridge.force_flush(timeout_millis)
-
-    def shutdown(self, timeout_millis: int | None = None) -> None:
-        """Flush within the shutdown deadline, then drop and report what is left."""
-        self._bridge.shutdown(timeout_millis)
-
-    @property
-    def stats(self) -> BridgeStats:
-        """Delivery counters (annotations sent, retries, dropped by reason)."""
-        return self._bridge.stats
-
-    def __repr__(self) -> str:
-        return f"<PhoenixAnnotationSink -> {safe_url(self._bridge._base_url)}>"
 
 
 def phoenix_annotation_sink_from_env(
