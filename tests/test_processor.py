@@ -110,3 +110,31 @@ def test_global_budget_per_minute_refuses_with_a_reason() -> None:
         assert "budget_exhausted" in statuses
     finally:
         rt.shutdown()
+
+
+def test_a_forked_worker_judges_its_own_streams() -> None:
+    import os
+
+    exporter = InMemorySpanExporter()
+    rt = streamjudge.configure(
+        Settings(), downstream=SimpleSpanProcessor(exporter), judge=SyncKeywordJudge(), set_global=False
+    )
+    try:
+        run()  # the parent has used the pool and the stores: threads, locks, a registry
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a gunicorn/uvicorn worker
+            try:
+                exporter.clear()
+                run()
+                rt.force_flush(10_000)
+                statuses = sorted({str(s.attributes.get(semconv.EVAL_STATUS)) for s in exporter.get_finished_spans()
+                                   if s.name == semconv.SPAN_STREAM})
+                os.write(w, ",".join(statuses).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        os.waitpid(pid, 0)
+        assert os.read(r, 100).decode() == "judged"
+    finally:
+        rt.shutdown()

@@ -13,6 +13,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from streamjudge._fork import after_fork_in_child
+
 
 @dataclass(frozen=True, slots=True)
 class TraceInputs:
@@ -32,6 +34,11 @@ class ContextStore:
         self._ttl = ttl_s
         self._lock = threading.Lock()
         self._data: OrderedDict[int, tuple[float, TraceInputs]] = OrderedDict()
+        # a lock held by another thread at fork time would stay held forever in the child
+        after_fork_in_child(self, ContextStore._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def register(
         self,

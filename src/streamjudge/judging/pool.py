@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +23,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics
 
 from streamjudge import semconv
+from streamjudge._fork import after_fork_in_child
 from streamjudge.judging.base import EvalInput, Judge, JudgeResult, TransientJudgeError
 
 _log = logging.getLogger(__name__)
@@ -133,14 +132,7 @@ class JudgePool:
         )
         self._init_state()
         # a forked worker must not share the parent's loop thread, queue or locks
-        ref = weakref.ref(self)
-
-        def _after_fork() -> None:
-            pool = ref()
-            if pool is not None:
-                pool._init_state()
-
-        os.register_at_fork(after_in_child=_after_fork)
+        after_fork_in_child(self, JudgePool._init_state)
 
     # --- state ---------------------------------------------------------------------------------
 

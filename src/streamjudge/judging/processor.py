@@ -25,6 +25,7 @@ from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
 from streamjudge._context import ContextStore
+from streamjudge._fork import after_fork_in_child
 from streamjudge.config import Settings
 from streamjudge.exporters.base import EvaluationRecord, EvaluationSink
 from streamjudge.judging.base import EvalInput, EvalKind, Judge, Score
@@ -56,6 +57,12 @@ class StreamRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._streams: dict[int, StreamListener] = {}
+        after_fork_in_child(self, StreamRegistry._after_fork)
+
+    def _after_fork(self) -> None:
+        # the parent's streams are not this process's; a lock held at fork time would never be released
+        self._lock = threading.Lock()
+        self._streams = {}
 
     def add(self, span_id: int, listener: StreamListener) -> None:
         with self._lock:
@@ -98,6 +105,7 @@ class JudgeSpanProcessor(SpanProcessor):
         self._sinks = tuple(sinks)
         self._held: dict[int, ReadableSpan] = {}
         self._held_lock = threading.Lock()
+        after_fork_in_child(self, JudgeSpanProcessor._after_fork)
         self._tracer_provider = tracer_provider
         self._tracer: trace.Tracer | None = None
         self._logger: Logger = get_logger(semconv.TRACER_NAME, logger_provider=logger_provider)
@@ -106,6 +114,11 @@ class JudgeSpanProcessor(SpanProcessor):
             semconv.METRIC_SCORE, unit="1", description="Evaluation scores by evaluation name"
         )
         self._m_alerts = meter.create_counter(semconv.METRIC_ALERTS, description="Failed evaluations")
+
+    def _after_fork(self) -> None:
+        # spans held in the parent are exported by the parent; the child starts clean
+        self._held_lock = threading.Lock()
+        self._held = {}
 
     @property
     def owns_export(self) -> bool:
