@@ -10,6 +10,9 @@ Measures (best of ``--repeat`` runs, ns per token):
   candidate, the second decides it and emits the sentence;
 * ``faithbench``: the FaithBench dev summaries (``../shared/benchdata/faithbench-dev`` relative to the
   repository root) cut into sub-word tokens of at most 4 characters, fed and flushed per answer;
+* ``faithbench words``: the same summaries cut like ``tokenize()`` in ``benchmarks/run.py`` (a word and its
+  trailing space, long words cut at 6 chars), the token stream the hot-path benchmark streams; the
+  average per token over real text, stops and the tokens that decide them included;
 * ``floor``: a bare ``list.append`` per token in the same loop, for scale;
 * ``1MB token``: one 1 MB token without any stop (force-split at 1000 chars), in ms.
 """
@@ -56,7 +59,8 @@ def _floor(repeat: int) -> float:
     tokens = [" the", "ing", " answer", ",", " of", " model", " gross", "ed", " 181", " budget"] * 2000
 
     def run() -> int:
-        append = [].append
+        sink: list[str] = []
+        append = sink.append
         for token in tokens:
             append(token)
         return len(tokens)
@@ -86,12 +90,26 @@ def _subword_tokens(text: str) -> list[str]:
     return out
 
 
-def _faithbench(data: Path, repeat: int) -> dict[str, float] | None:
+def _word_tokens(text: str) -> list[str]:
+    """LLM-like chunks, as ``tokenize()`` in benchmarks/run.py: a word and its trailing space, long words cut
+    at 6 chars."""
+    out: list[str] = []
+    for word in re.findall(r"[^ ]* |[^ ]+$", text):
+        while len(word) > 8:
+            out.append(word[:6])
+            word = word[6:]
+        out.append(word)
+    return out
+
+
+def _faithbench(
+    data: Path, repeat: int, tokenize: Callable[[str], list[str]] = _subword_tokens
+) -> dict[str, float] | None:
     files = sorted(data.glob("batch_*.json"))
     if not files:
         return None
     answers = [s["summary"] for f in files for s in json.loads(f.read_text())["samples"]]
-    streams = [_subword_tokens(a) for a in answers]
+    streams = [tokenize(a) for a in answers]
     tokens = sum(len(s) for s in streams)
     special = sum(1 for s in streams for t in s if not _SPECIAL.isdisjoint(t))
 
@@ -135,6 +153,7 @@ def main() -> None:
         "stop_and_resolve_ns_per_token": _stop_and_resolve(args.repeat),
         "floor_append_ns_per_token": _floor(args.repeat),
         "faithbench": _faithbench(args.data, args.repeat),
+        "faithbench_words": _faithbench(args.data, args.repeat, _word_tokens),
         "one_megabyte_token_ms": _one_megabyte_ms(),
     }
     if args.json:
@@ -143,15 +162,16 @@ def main() -> None:
     print(f"fast path (no stop/newline)       {results['fast_ns_per_token']:8.0f} ns/token")
     print(f"stop + resolving token (slow)     {results['stop_and_resolve_ns_per_token']:8.0f} ns/token")
     print(f"floor: list.append in the loop    {results['floor_append_ns_per_token']:8.0f} ns/token")
-    fb = results["faithbench"]
-    if isinstance(fb, dict):
-        print(
-            f"faithbench summaries              {fb['ns_per_token']:8.0f} ns/token "
-            f"({fb['answers']:.0f} answers, {fb['tokens']:.0f} tokens, {fb['sentences']:.0f} sentences, "
-            f"{fb['tokens_with_stop_or_newline']:.1%} tokens with a stop or newline)"
-        )
-    else:
-        print(f"faithbench summaries              skipped (no data in {args.data})")
+    for key, label in (("faithbench", "sub-word"), ("faithbench_words", "word-wise")):
+        fb = results[key]
+        if isinstance(fb, dict):
+            print(
+                f"faithbench summaries, {label:9s}   {fb['ns_per_token']:8.0f} ns/token "
+                f"({fb['answers']:.0f} answers, {fb['tokens']:.0f} tokens, {fb['sentences']:.0f} sentences, "
+                f"{fb['tokens_with_stop_or_newline']:.1%} tokens with a stop or newline)"
+            )
+        else:
+            print(f"faithbench summaries, {label:9s}   skipped (no data in {args.data})")
     print(f"one 1 MB token, no stop           {results['one_megabyte_token_ms']:8.1f} ms")
 
 

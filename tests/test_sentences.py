@@ -5,8 +5,10 @@ Every example is checked twice: split at once, and fed one character at a time (
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -284,6 +286,12 @@ def test_one_char_tokens_with_many_stops_stay_linear() -> None:
     assert count == 10000
 
 
+def test_a_dotted_word_too_long_for_an_abbreviation_ends_the_sentence() -> None:
+    dotted = "a." * 25  # 50 chars: beyond the look-behind for abbreviations, unlike "a.a.a."
+    assert sentences(f"See {dotted} Army units. Done.") == [f"See {dotted}", "Army units.", "Done."]
+    assert sentences("See a.a.a. Army units. Done.") == ["See a.a.a. Army units.", "Done."]
+
+
 # --- the streaming contract -------------------------------------------------------------------------------
 def test_the_decision_waits_for_lookahead_and_emits_as_soon_as_it_can() -> None:
     buffer = SentenceBuffer()
@@ -384,6 +392,39 @@ def test_sentences_cover_the_text_in_order_without_overlap(text: str, max_chars:
 @given(text=texts)
 def test_one_char_chunks_give_the_same_sentences(text: str) -> None:
     sentences(text)
+
+
+FAITHBENCH = Path(__file__).resolve().parents[2] / "shared" / "benchdata" / "faithbench-dev"
+
+
+def _word_tokens(text: str) -> list[str]:
+    """LLM-like chunks as in benchmarks/run.py: a word and its trailing space, long words cut at 6 chars."""
+    out: list[str] = []
+    for word in re.findall(r"[^ ]* |[^ ]+$", text):
+        while len(word) > 8:
+            out.append(word[:6])
+            word = word[6:]
+        out.append(word)
+    return out
+
+
+def test_faithbench_summaries_stream_to_the_same_sentences_as_split_at_once() -> None:
+    files = sorted(FAITHBENCH.glob("batch_*.json"))
+    if not files:
+        pytest.skip(f"FaithBench dev split not found in {FAITHBENCH} (benchmark data is not in the repo)")
+    summaries = [s["summary"] for f in files for s in json.loads(f.read_text())["samples"]]
+    assert len(summaries) == 250
+    for text in summaries:
+        whole = split_sentences(text)
+        assert "".join(_word_tokens(text)) == text
+        for chunks in (list(text), _word_tokens(text)):
+            buffer = SentenceBuffer()
+            streamed: list[Sentence] = []
+            for chunk in chunks:
+                streamed.extend(buffer.feed(chunk))
+            streamed.extend(buffer.flush())
+            assert streamed == whole
+            assert buffer.text() == text
 
 
 # --- checkpoint window policy ------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Final
 
 __all__ = ["CheckpointPolicy", "Sentence", "SentenceBuffer", "split_sentences"]
@@ -114,6 +115,16 @@ _SENTENCE_OPENERS: Final = _words(
 # decisions of the scanner
 _WAIT: Final = -1  # not decidable from the text seen so far
 
+# how a stop is decided by the first character after the whitespace that follows it (see _verdict)
+_K_NOT_LOWER: Final = 1  # a boundary unless a lowercase letter follows
+_K_CAPITAL: Final = 2  # an ellipsis: a boundary only before a capitalised word
+_K_NUMBER: Final = 3  # "No.", "Fig.": not before lowercase or a digit
+_K_OPENER: Final = 4  # initials, acronyms, "Inc.": the next word decides
+_K_NEVER: Final = 5  # "Dr.", "e.g.", a list number
+_K_CJK: Final = 6  # "。": a boundary as soon as its closers are known
+# characters that continue a stop's run, its closers or its citations
+_EXTENDS: Final = _STOPS | _CLOSERS | {"["}
+
 
 class SentenceBuffer:
     """Turns a stream of tokens into complete sentences, incrementally.
@@ -134,6 +145,9 @@ class SentenceBuffer:
         "_length",
         "_max",
         "_parts",
+        "_pend",
+        "_pend_cut",
+        "_pulled",
         "_scan",
         "_start",
     )
@@ -143,6 +157,7 @@ class SentenceBuffer:
             raise ValueError(f"max_sentence_chars must be >= 1, got {max_sentence_chars!r}")
         self._max = max_sentence_chars
         self._parts: list[str] = []  # every token, for text(); collapsed to one string by text()
+        self._pulled = 0  # _parts[:_pulled] are in the undecided tail or decided (see _pull)
         self._length = 0  # chars fed so far
         self._buf = ""  # the undecided tail, text[_base:_base + len(_buf)]; may lag behind _length
         self._base = 0
@@ -154,6 +169,9 @@ class SentenceBuffer:
         # the hot path's only bound: -1 while a candidate waits for lookahead (the next token must take
         # the slow path), else the length at which a run-on must be cut
         self._fast_limit = max_sentence_chars
+        # a stop waiting only for the character after it (see _set_pending); 0 when none
+        self._pend = 0
+        self._pend_cut = 0  # absolute end of the waiting stop's sentence if it is a boundary
 
     @property
     def length(self) -> int:
@@ -165,6 +183,8 @@ class SentenceBuffer:
         parts = self._parts
         if len(parts) > 1:
             joined = "".join(parts)
+            # if some tokens were not pulled into the tail yet, _pull takes them from the joined string
+            self._pulled = 1 if self._pulled == len(parts) else 0
             parts.clear()
             parts.append(joined)
             return joined
@@ -185,40 +205,175 @@ class SentenceBuffer:
         if not token:
             return ()
         self._parts.append(token)
+        old = self._length
         self._length = length
-        return self._run(final=False)
+        if self._pend:
+            out = self._resolve(token, old)
+            if out is not None:
+                return out
+        elif self._fast_limit >= 0 and self._stop_at_end(token, old):
+            return ()
+        # text fed through the hot path since the last slow call holds no candidate but backticks
+        return self._run(False, old if self._fast_limit >= 0 else 0)
 
     def flush(self) -> tuple[Sentence, ...]:
         """End of stream: decide everything still pending and return the remaining sentences.
 
         Feeding after ``flush`` starts a new segment: offsets continue, no sentence spans the flush.
         """
-        out = self._run(final=True)
+        out: tuple[Sentence, ...]
+        if self._pend and self._pend_cut - self._start <= self._max:  # type: ignore[operator]
+            # a waiting stop at the end of the text is a boundary, and only whitespace follows it
+            buf = self._buf
+            base = self._base
+            out = (_sentence(buf, self._start - base, self._pend_cut - base, base),)  # type: ignore[operator]
+            self._pend = 0
+            self._buf = ""
+            self._base = self._scan = self._length
+            self._pulled = len(self._parts)
+            self._start = None
+            self._base_at_line_start = False  # the stop is on the tail's last line
+            self._fast_limit = self._length + self._max
+        else:
+            out = self._run(True, self._length if self._fast_limit >= 0 else 0)
         self._in_fence = False
         self._fence_len = 0
         return out
 
     # --- slow path -------------------------------------------------------------------------------------
+    def _resolve(self, token: str, old: int) -> tuple[Sentence, ...] | None:
+        """Decide a waiting stop (see ``_set_pending``) from the token after it, without re-reading the tail.
+
+        Returns ``None`` (and changes nothing) when the token does not settle it in the common way; the
+        general scanner then decides from the whole tail.
+        """
+        kind = self._pend
+        cut = self._pend_cut
+        c = token[0]
+        k = 0  # index in the token of the first character after the whitespace that follows the stop
+        blank = False  # the token is all whitespace
+        if not c.isspace():
+            if cut == old:
+                if c in _EXTENDS:
+                    return None  # the stop run, its closers or its citations may go on
+                boundary = kind == _K_CJK  # else "3." + "14"
+            elif kind == _K_NOT_LOWER:
+                boundary = not c.islower()  # the common case, without the call
+            else:
+                verdict = _verdict(kind, c)
+                if verdict < 0:
+                    return None
+                boundary = verdict == 1
+        else:
+            m = _NONSPACE.search(token)
+            blank = m is None
+            k = len(token) if m is None else m.start()
+            if kind == _K_CJK or old - cut + k >= _MAX_SPACE or token.find("\n", 0, k) >= 0:
+                boundary = True
+            elif blank:
+                return ()  # more spaces: the stop still waits for the character after them
+            else:
+                verdict = _verdict(kind, token[k])
+                if verdict < 0:
+                    return None
+                boundary = verdict == 1
+        start: int = self._start  # type: ignore[assignment]
+        if boundary and cut - start > self._max:
+            return None  # a run-on cut, not this boundary
+        length = self._length
+        self._pend = 0
+        if not boundary:
+            # the stop does not end the sentence and nothing after it up to the token is a candidate
+            self._scan = old
+            limit = self._base + self._max
+            self._fast_limit = limit
+            if length <= limit and _NO_SPECIAL(token) and "`" not in token:
+                return ()
+            return self._run(False, old)
+        base = self._base
+        sentence = _sentence(self._buf, start - base, cut - base, base)
+        # the next sentence starts at the token's first non-space character (if any); only the whitespace
+        # before it can hold a line break (the waiting stop's own whitespace has none)
+        nl = token.rfind("\n", 0, k) if k else -1
+        self._base_at_line_start = nl >= 0 and not token[nl + 1 : k].strip(" \t")
+        new_start = old + k
+        self._buf = ""
+        self._base = self._scan = new_start
+        self._pulled = len(self._parts) - 1
+        limit = new_start + self._max
+        self._fast_limit = limit
+        if blank:
+            self._start = None
+            return (sentence,)
+        self._start = new_start
+        rest = token[k:] if k else token
+        if length <= limit and _NO_SPECIAL(rest) and "`" not in rest:
+            return (sentence,)
+        return (sentence, *self._run(False, new_start))
+
+    def _stop_at_end(self, token: str, old: int) -> bool:
+        """Record a token that ends in ``.``/``!``/``?`` (+ spaces) as a waiting stop without a scan.
+
+        The common sentence end ("million. "): nothing before the stop in the token or in the text since the
+        last slow call is a candidate, so the stop is the first candidate, and it waits for the next token.
+        Returns False (and changes nothing but the pulled tail) when the token is anything else.
+        """
+        tail = token.rstrip(" ")
+        if not tail or tail[-1] not in "!.?" or len(token) - len(tail) >= _MAX_SPACE:
+            return False
+        body = tail[:-1]
+        if not _NO_SPECIAL(body) or "`" in body or self._in_fence:
+            return False
+        buf = self._pull()
+        base = self._base
+        scan = self._scan - base
+        start = self._start
+        # without a sentence yet, it starts at the first non-space character (the stop at the latest)
+        s = start - base if start is not None else _NONSPACE.search(buf, scan).start()  # type: ignore[union-attr]
+        p = old - base + len(body)  # the stop's offset in the tail
+        if p >= s + self._max or buf.find("`", scan, old - base) >= 0:
+            return False  # a run-on cut comes first, or a backtick from the hot path may open a fence
+        self._pend = _stop_kind(buf, s, p, p + 1)
+        self._pend_cut = base + p + 1
+        if s:
+            self._compact(buf, p, s)
+        else:
+            self._scan = base + p
+            self._start = base
+        self._fast_limit = -1
+        return True
+
     def _pull(self) -> str:
         """Append the tokens not yet in the undecided tail to it and return the tail."""
-        need = self._length - self._base - len(self._buf)
-        if need:
-            parts = self._parts
-            i = len(parts)
-            got = 0
-            while got < need:
-                i -= 1
-                got += len(parts[i])
+        parts = self._parts
+        i = self._pulled
+        if i < len(parts):
             new = parts[i] if i == len(parts) - 1 else "".join(parts[i:])
-            if got > need:
-                new = new[got - need :]
+            self._pulled = len(parts)
+            # the first part may start before the tail's end (text() joined it, or a resolve cut into it)
+            need = self._length - self._base - len(self._buf)
+            if len(new) > need:
+                new = new[len(new) - need :]
             self._buf += new
         return self._buf
 
-    def _run(self, final: bool) -> tuple[Sentence, ...]:
+    def _find(self, buf: str, scan: int, end: int, clean: int) -> int:
+        """First candidate in ``buf[scan:end]``; ``buf[:clean]`` holds no candidate but backticks."""
+        if scan < clean:
+            stop = clean if clean < end else end
+            p = buf.find("`", scan, stop)
+            if p >= 0:
+                return p
+            scan = stop
+        m = _CANDIDATE.search(buf, scan, end)
+        return -1 if m is None else m.start()
+
+    def _run(self, final: bool, clean: int) -> tuple[Sentence, ...]:
+        self._pend = 0
         buf = self._pull()
         base = self._base
         n = len(buf)
+        clean -= base
         limit_len = self._max
         out: list[Sentence] = []
         scan = self._scan - base
@@ -235,11 +390,7 @@ class SentenceBuffer:
             limit = s + limit_len
             # only candidates whose cut can stay within the limit matter; bounding the search also keeps
             # a huge token linear (no re-search of the whole rest after each forced cut)
-            if self._in_fence:
-                p = buf.find("\n", scan, limit + 1)
-            else:
-                m = _CANDIDATE.search(buf, scan, limit + 1)
-                p = -1 if m is None else m.start()
+            p = buf.find("\n", scan, limit + 1) if self._in_fence else self._find(buf, scan, limit + 1, clean)
             if p < 0:
                 if n > limit:
                     scan = self._force_cut(buf, s, base, out)
@@ -264,7 +415,7 @@ class SentenceBuffer:
             elif ch == "`":
                 cut, nxt = self._decide_fence_open(buf, s, p, final)
             else:
-                cut, nxt = _decide_stop(buf, s, p, final)
+                cut, nxt = self._decide_stop(buf, s, p, final)
             if nxt == _WAIT:
                 waiting = True
                 scan = p
@@ -283,7 +434,82 @@ class SentenceBuffer:
             scan = cut
         self._compact(buf, scan, s)
         self._fast_limit = -1 if waiting else self._base + limit_len
-        return tuple(out)
+        return tuple(out) if out else ()
+
+    def _decide_stop(self, buf: str, s: int, p: int, final: bool) -> tuple[int, int]:
+        """A run of stop characters at ``p``: ``(cut, 0)`` for a boundary, ``(-1, next_scan)`` if not.
+
+        When it has to wait only for the characters after the stop and its closers, it records the stop
+        (``_set_pending``) so that the next token decides it without re-reading the tail.
+        """
+        n = len(buf)
+        j = p
+        while j < n and j - p < _MAX_RUN and buf[j] in _STOPS:
+            j += 1
+        if j == n and j - p < _MAX_RUN and not final:
+            self._set_pending(buf, s, p, j, j)
+            return -1, _WAIT
+        run = buf[p:j]
+        q = j
+        while q < n and q - j < _MAX_RUN and buf[q] in _CLOSERS:
+            q += 1
+        if q == n and q - j < _MAX_RUN and not final:
+            self._set_pending(buf, s, p, j, q)
+            return -1, _WAIT
+        # citation markers glued to the stop belong to the sentence: "... is blue.[1] The ..."
+        while q < n and buf[q] == "[":
+            m = _CITATION.match(buf, q)
+            if m is None:
+                if not final and _CITATION_PREFIX.fullmatch(buf, q):
+                    return -1, _WAIT
+                break
+            q = m.end()
+        if q == n:
+            if final:
+                return q, 0
+            self._set_pending(buf, s, p, j, q)
+            return -1, _WAIT
+        if not _CJK_STOPS.isdisjoint(run):
+            return q, 0
+        if not buf[q].isspace():
+            return -1, j
+        w = q
+        while w < n and w - q < _MAX_SPACE and buf[w].isspace():
+            if buf[w] == "\n":
+                return q, 0
+            w += 1
+        if w == n and w - q < _MAX_SPACE:
+            if final:
+                return q, 0
+            self._set_pending(buf, s, p, j, q)
+            return -1, _WAIT
+        if w - q >= _MAX_SPACE:
+            return q, 0
+        y = buf[w]
+        if y.islower():
+            return -1, j  # never a boundary, whatever the stop
+        verdict = _verdict(_stop_kind(buf, s, p, j), y)
+        if verdict >= 0:
+            return (q, 0) if verdict else (-1, j)
+        # an initial, acronym or "Inc." before a capitalised word: the end only before a sentence opener
+        e = w
+        while e < n and e - w < _MAX_NEXT_WORD and buf[e].isalpha():
+            e += 1
+        if e == n and e - w < _MAX_NEXT_WORD and not final:
+            return -1, _WAIT
+        return (q, 0) if buf[w:e] in _SENTENCE_OPENERS else (-1, j)
+
+    def _set_pending(self, buf: str, s: int, p: int, j: int, q: int) -> None:
+        """Record a stop at ``p`` that waits only for what follows ``buf[j:q]`` (closers, citations) and the
+        whitespace after it, so that ``_resolve`` can decide it from the next token alone.
+
+        Not recorded when a line break hides in a citation (the scanner must see it) or when the text
+        after the stop could not belong to the same decision.
+        """
+        if q > j and buf.find("\n", j, q) >= 0:
+            return
+        self._pend = _stop_kind(buf, s, p, j)
+        self._pend_cut = self._base + q
 
     def _force_cut(self, buf: str, s: int, base: int, out: list[Sentence]) -> int:
         """Cut a run-on at its last whitespace within the limit (hard at the limit if it has none)."""
@@ -344,9 +570,24 @@ class SentenceBuffer:
         return -1, p + 1
 
 
-def _emit(buf: str, s: int, cut: int, base: int, out: list[Sentence]) -> None:
+_new_object = object.__new__
+# slot setters: the frozen dataclass's __init__ goes through object.__setattr__ per field (~3x slower)
+_set_text = Sentence.__dict__["text"].__set__
+_set_start = Sentence.__dict__["start"].__set__
+_set_end = Sentence.__dict__["end"].__set__
+
+
+def _sentence(buf: str, s: int, cut: int, base: int) -> Sentence:
     text = buf[s:cut].rstrip()
-    out.append(Sentence(text, base + s, base + s + len(text)))
+    sentence: Sentence = _new_object(Sentence)
+    _set_text(sentence, text)
+    _set_start(sentence, base + s)
+    _set_end(sentence, base + s + len(text))
+    return sentence
+
+
+def _emit(buf: str, s: int, cut: int, base: int, out: list[Sentence]) -> None:
+    out.append(_sentence(buf, s, cut, base))
 
 
 def _run_length(buf: str, i: int, chars: str, cap: int) -> int:
@@ -393,77 +634,69 @@ def _decide_line_break(buf: str, s: int, p: int, final: bool) -> tuple[int, int]
     return -1, p + 1
 
 
-def _decide_stop(buf: str, s: int, p: int, final: bool) -> tuple[int, int]:
-    """A run of stop characters at ``p``: return ``(cut, 0)`` for a boundary, ``(-1, next_scan)`` if not."""
-    n = len(buf)
-    j = p
-    while j < n and j - p < _MAX_RUN and buf[j] in _STOPS:
-        j += 1
-    if j == n and j - p < _MAX_RUN and not final:
-        return -1, _WAIT
+def _stop_kind(buf: str, s: int, p: int, j: int) -> int:
+    """How the stop run ``buf[p:j]`` is decided once the first character after its whitespace is known."""
+    if j == p + 1 and buf[p] == ".":
+        # a single ".": the word before it decides (at most _MAX_WORD characters, not before s)
+        lo = p - _MAX_WORD if p - s > _MAX_WORD else s
+        space = buf.rfind(" ", lo, p)
+        if space >= 0:
+            # the usual case: the word neither starts the sentence nor reaches the look-behind bound
+            return _word_kind(buf[space + 1 : p])
+        if lo == p or buf[p - 1].isspace():
+            raw = ""
+        else:
+            raw = buf[lo:p].rsplit(None, 1)[-1]
+            if len(raw) == _MAX_WORD:
+                return _K_NOT_LOWER  # too long for an abbreviation
+        if p - len(raw) == s and _LIST_NUMBER.fullmatch(raw):
+            return _K_NEVER  # "1. First": a list number, not a sentence
+        return _word_class(raw)
     run = buf[p:j]
-    q = j
-    while q < n and q - j < _MAX_RUN and buf[q] in _CLOSERS:
-        q += 1
-    if q == n and q - j < _MAX_RUN and not final:
-        return -1, _WAIT
-    # citation markers glued to the stop belong to the sentence: "... is blue.[1] The ..."
-    while q < n and buf[q] == "[":
-        m = _CITATION.match(buf, q)
-        if m is None:
-            if not final and _CITATION_PREFIX.fullmatch(buf, q):
-                return -1, _WAIT
-            break
-        q = m.end()
-    if q == n:
-        return (q, 0) if final else (-1, _WAIT)
     if not _CJK_STOPS.isdisjoint(run):
-        return q, 0
-    if not buf[q].isspace():
-        return -1, j
-    w = q
-    while w < n and w - q < _MAX_SPACE and buf[w].isspace():
-        if buf[w] == "\n":
-            return q, 0
-        w += 1
-    if w == n and w - q < _MAX_SPACE:
-        return (q, 0) if final else (-1, _WAIT)
-    if w - q >= _MAX_SPACE:
-        return q, 0
-    y = buf[w]
+        return _K_CJK
     if not _BANG_QUESTION.isdisjoint(run):
-        return (-1, j) if y.islower() else (q, 0)
-    if len(run) > 1 or run == "…":
-        # an ellipsis trails off inside a sentence unless a capitalised word follows
-        return (q, 0) if (y.isupper() or (y.isalpha() and not y.islower())) else (-1, j)
-    if y.islower():
-        return -1, j
-    # a single "." before whitespace and a non-lowercase character: look at the word before it
-    i = p
-    while i > s and p - i < _MAX_WORD and not buf[i - 1].isspace():
-        i -= 1
-    if p - i >= _MAX_WORD:
-        return q, 0
-    raw = buf[i:p]
-    if i == s and _LIST_NUMBER.fullmatch(raw):
-        return -1, j  # "1. First": a list number, not a sentence
+        return _K_NOT_LOWER
+    return _K_CAPITAL  # an ellipsis trails off inside a sentence unless a capitalised word follows
+
+
+@lru_cache(maxsize=4096)
+def _word_kind(text: str) -> int:
+    """``_word_class`` of the last word of ``text`` (the text between the last space and a ".")."""
+    return _word_class("" if not text or text[-1].isspace() else text.rsplit(None, 1)[-1])
+
+
+def _word_class(raw: str) -> int:
+    """How a "." after ``raw`` (the non-space characters before it) is decided."""
     word = raw.lstrip(_OPENERS).lower()
     if word in _NEVER_END:
-        return -1, j
-    if word in _BEFORE_NUMBER and y.isdigit():
-        return -1, j
-    if (len(word) == 1 and word.isalpha()) or word in _OPENER_ONLY or _DOTTED.fullmatch(word):
-        if y.isdigit():
-            return -1, j
-        if not y.isalpha():
-            return q, 0  # an opening quote or bracket: a new sentence
-        e = w
-        while e < n and e - w < _MAX_NEXT_WORD and buf[e].isalpha():
-            e += 1
-        if e == n and e - w < _MAX_NEXT_WORD and not final:
-            return -1, _WAIT
-        return (q, 0) if buf[w:e] in _SENTENCE_OPENERS else (-1, j)
-    return q, 0
+        return _K_NEVER
+    if (
+        (len(word) == 1 and word.isalpha())
+        or word in _OPENER_ONLY
+        or ("." in word and _DOTTED.fullmatch(word))
+    ):
+        return _K_OPENER
+    if word in _BEFORE_NUMBER:
+        return _K_NUMBER
+    return _K_NOT_LOWER
+
+
+def _verdict(kind: int, y: str) -> int:
+    """1: boundary, 0: not, -1: the word after the stop decides (``y`` is its first character)."""
+    if kind == _K_NOT_LOWER:
+        return 0 if y.islower() else 1
+    if kind == _K_CAPITAL:
+        return 1 if y.isupper() or (y.isalpha() and not y.islower()) else 0
+    if kind == _K_NUMBER:
+        return 0 if y.islower() or y.isdigit() else 1
+    if kind == _K_OPENER:
+        if y.islower() or y.isdigit():
+            return 0
+        return -1 if y.isalpha() else 1  # an opening quote or bracket: a new sentence
+    if kind == _K_CJK:
+        return 1
+    return 0  # _K_NEVER
 
 
 def split_sentences(text: str, max_sentence_chars: int = 1000) -> list[Sentence]:
