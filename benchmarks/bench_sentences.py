@@ -5,7 +5,7 @@
 Measures (best of ``--repeat`` runs, ns per token):
 
 * ``fast``: tokens without any sentence-end or line-break character, the hot path every stream takes for
-  most tokens (one ``frozenset.isdisjoint``, one append);
+  most tokens (one precompiled character-class search, one append);
 * ``stop+resolve``: alternating ``" end."`` / ``" Next"`` tokens, both on the slow path: the first holds a
   candidate, the second decides it and emits the sentence;
 * ``faithbench``: the FaithBench dev summaries (``../shared/benchdata/faithbench-dev`` relative to the

@@ -10,6 +10,12 @@ after the candidate, and returns "undecided" while that window runs past the tex
 sentences do not depend on how the text was chunked: ``feed`` per token + ``flush`` gives exactly what
 :func:`split_sentences` gives for the whole text.
 
+Cost per token: a token without a stop or line break is one character-class search and one append. A
+token ending in a plain stop ("million. ") records the stop without a scan; the token after it decides
+it from its first characters and the stop's class (abbreviation, initial, list number ...), without
+re-reading the sentence. Everything else takes the general scanner, which searches only text it has not
+searched yet (text from the hot path only for backticks).
+
 Rules (one test each in ``tests/test_sentences.py``):
 
 * ``.`` ends a sentence before whitespace + a character that is not lowercase, except after
@@ -53,10 +59,12 @@ class Sentence:
 
 # --- character classes -------------------------------------------------------------------------------
 # A token without any of these can only extend the current sentence: the hot path (see feed()).
-# Backticks and quotes are not here on purpose: they only matter right after a stop or a line break,
-# and then the buffer is already waiting for lookahead and takes the slow path anyway.
-# (frozenset.isdisjoint measured ~2x faster than a precompiled character-class search on short tokens.)
-_NO_SPECIAL: Final = frozenset(".!?\n…。！？").isdisjoint
+# Backticks and quotes are not here on purpose: a quote only matters right after a stop, when the buffer
+# waits for lookahead and takes the slow path anyway, and a backtick only at the start of a line: the
+# next slow call searches the text from the hot path for it (see _run's ``clean``).
+# On word-sized tokens the precompiled search costs what frozenset.isdisjoint costs (~70 ns), and it
+# raises TypeError for bytes, which keeps the type check off the hot path.
+_SPECIAL: Final = re.compile(r"[.!?\n…。！？]").search
 # candidates the scanner stops at, in prose and inside a code fence
 _CANDIDATE: Final = re.compile(r"[.!?\n`…。！？]")
 _NONSPACE: Final = re.compile(r"\S")
@@ -122,6 +130,7 @@ _K_NUMBER: Final = 3  # "No.", "Fig.": not before lowercase or a digit
 _K_OPENER: Final = 4  # initials, acronyms, "Inc.": the next word decides
 _K_NEVER: Final = 5  # "Dr.", "e.g.", a list number
 _K_CJK: Final = 6  # "。": a boundary as soon as its closers are known
+_K_LATER: Final = 7  # a single ASCII stop just before _pend_cut, classified when a character follows it
 # characters that continue a stop's run, its closers or its citations
 _EXTENDS: Final = _STOPS | _CLOSERS | {"["}
 
@@ -192,16 +201,17 @@ class SentenceBuffer:
 
     def feed(self, token: str) -> tuple[Sentence, ...]:
         """Add one token; return the sentences it completed (``()`` almost always)."""
-        if token.__class__ is not str and not isinstance(token, str):
-            raise TypeError(
-                f"SentenceBuffer.feed() takes str, not {type(token).__name__}; decode bytes first"
-            )
         # hot path: nothing in this token can end a sentence, nothing waits for it, no run-on cut due
-        length = self._length + len(token)
-        if length <= self._fast_limit and _NO_SPECIAL(token):
-            self._parts.append(token)
-            self._length = length
-            return ()
+        try:
+            length = self._length + len(token)
+            if length <= self._fast_limit and _SPECIAL(token) is None:
+                self._parts.append(token)
+                self._length = length
+                return ()
+        except TypeError:
+            raise _not_str(token) from None
+        if token.__class__ is not str and not isinstance(token, str):
+            raise _not_str(token)
         if not token:
             return ()
         self._parts.append(token)
@@ -249,6 +259,11 @@ class SentenceBuffer:
         """
         kind = self._pend
         cut = self._pend_cut
+        start: int = self._start  # type: ignore[assignment]
+        if kind == _K_LATER:
+            # classified only now: a stop at the end of the stream needs no class (see _stop_at_end)
+            base = self._base
+            kind = self._pend = _stop_kind(self._buf, start - base, cut - 1 - base, cut - base)
         c = token[0]
         k = 0  # index in the token of the first character after the whitespace that follows the stop
         blank = False  # the token is all whitespace
@@ -277,7 +292,6 @@ class SentenceBuffer:
                 if verdict < 0:
                     return None
                 boundary = verdict == 1
-        start: int = self._start  # type: ignore[assignment]
         if boundary and cut - start > self._max:
             return None  # a run-on cut, not this boundary
         length = self._length
@@ -287,7 +301,7 @@ class SentenceBuffer:
             self._scan = old
             limit = self._base + self._max
             self._fast_limit = limit
-            if length <= limit and _NO_SPECIAL(token) and "`" not in token:
+            if length <= limit and _CANDIDATE.search(token) is None:
                 return ()
             return self._run(False, old)
         base = self._base
@@ -307,7 +321,7 @@ class SentenceBuffer:
             return (sentence,)
         self._start = new_start
         rest = token[k:] if k else token
-        if length <= limit and _NO_SPECIAL(rest) and "`" not in rest:
+        if length <= limit and _CANDIDATE.search(rest) is None:
             return (sentence,)
         return (sentence, *self._run(False, new_start))
 
@@ -322,7 +336,7 @@ class SentenceBuffer:
         if not tail or tail[-1] not in "!.?" or len(token) - len(tail) >= _MAX_SPACE:
             return False
         body = tail[:-1]
-        if not _NO_SPECIAL(body) or "`" in body or self._in_fence:
+        if self._in_fence or _CANDIDATE.search(body) is not None:
             return False
         buf = self._pull()
         base = self._base
@@ -333,7 +347,7 @@ class SentenceBuffer:
         p = old - base + len(body)  # the stop's offset in the tail
         if p >= s + self._max or buf.find("`", scan, old - base) >= 0:
             return False  # a run-on cut comes first, or a backtick from the hot path may open a fence
-        self._pend = _stop_kind(buf, s, p, p + 1)
+        self._pend = _K_LATER
         self._pend_cut = base + p + 1
         if s:
             self._compact(buf, p, s)
@@ -357,17 +371,6 @@ class SentenceBuffer:
             self._buf += new
         return self._buf
 
-    def _find(self, buf: str, scan: int, end: int, clean: int) -> int:
-        """First candidate in ``buf[scan:end]``; ``buf[:clean]`` holds no candidate but backticks."""
-        if scan < clean:
-            stop = clean if clean < end else end
-            p = buf.find("`", scan, stop)
-            if p >= 0:
-                return p
-            scan = stop
-        m = _CANDIDATE.search(buf, scan, end)
-        return -1 if m is None else m.start()
-
     def _run(self, final: bool, clean: int) -> tuple[Sentence, ...]:
         self._pend = 0
         buf = self._pull()
@@ -390,7 +393,15 @@ class SentenceBuffer:
             limit = s + limit_len
             # only candidates whose cut can stay within the limit matter; bounding the search also keeps
             # a huge token linear (no re-search of the whole rest after each forced cut)
-            p = buf.find("\n", scan, limit + 1) if self._in_fence else self._find(buf, scan, limit + 1, clean)
+            if self._in_fence:
+                p = buf.find("\n", scan, limit + 1)
+            else:
+                p = -1
+                if scan < clean:  # text from the hot path: only a backtick can be a candidate there
+                    p = buf.find("`", scan, min(clean, limit + 1))
+                if p < 0:
+                    m = _CANDIDATE.search(buf, max(scan, clean), limit + 1)
+                    p = -1 if m is None else m.start()
             if p < 0:
                 if n > limit:
                     scan = self._force_cut(buf, s, base, out)
@@ -429,7 +440,7 @@ class SentenceBuffer:
                 continue
             if self._in_fence:
                 self._in_fence = False
-            _emit(buf, s, cut, base, out)
+            out.append(_sentence(buf, s, cut, base))
             s = None
             scan = cut
         self._compact(buf, scan, s)
@@ -524,12 +535,11 @@ class SentenceBuffer:
         old_base = self._base
         keep = scan if s is None else s  # everything before is decided and is not the current sentence
         if keep:
-            dropped = buf[:keep]
-            nl = dropped.rfind("\n")
+            nl = buf.rfind("\n", 0, keep)
             if nl >= 0:
-                self._base_at_line_start = not dropped[nl + 1 :].strip(" \t")
-            else:
-                self._base_at_line_start = self._base_at_line_start and not dropped.strip(" \t")
+                self._base_at_line_start = not buf[nl + 1 : keep].strip(" \t")
+            elif self._base_at_line_start:
+                self._base_at_line_start = not buf[:keep].strip(" \t")
             self._buf = buf[keep:]
             self._base = old_base + keep
         self._scan = old_base + scan
@@ -584,6 +594,10 @@ def _sentence(buf: str, s: int, cut: int, base: int) -> Sentence:
     _set_start(sentence, base + s)
     _set_end(sentence, base + s + len(text))
     return sentence
+
+
+def _not_str(token: object) -> TypeError:
+    return TypeError(f"SentenceBuffer.feed() takes str, not {type(token).__name__}; decode bytes first")
 
 
 def _emit(buf: str, s: int, cut: int, base: int, out: list[Sentence]) -> None:
