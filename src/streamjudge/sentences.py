@@ -697,7 +697,10 @@ def _word_class(raw: str) -> int:
 
 
 def _verdict(kind: int, y: str) -> int:
-    """1: boundary, 0: not, -1: the word after the stop decides (``y`` is its first character)."""
+    """1: boundary, 0: not, -1: the word after the stop decides (``y`` is its first character).
+
+    Never asked for ``_K_CJK``: such a stop is a boundary before a character after it is needed.
+    """
     if kind == _K_NOT_LOWER:
         return 0 if y.islower() else 1
     if kind == _K_CAPITAL:
@@ -708,8 +711,6 @@ def _verdict(kind: int, y: str) -> int:
         if y.islower() or y.isdigit():
             return 0
         return -1 if y.isalpha() else 1  # an opening quote or bracket: a new sentence
-    if kind == _K_CJK:
-        return 1
     return 0  # _K_NEVER
 
 
