@@ -44,6 +44,8 @@ JobStatus = Literal[
 # own I/O never lands in the judged trace
 _SUPPRESS_KEY = otel_context._SUPPRESS_INSTRUMENTATION_KEY
 _MAX_BACKOFF_S = 10.0
+_LINGER_S = 0.05  # how long an idle dispatcher keeps polling before it sleeps until woken
+_POLL_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +146,8 @@ class JudgePool:
         self._coalescable: dict[int, _Slot] = {}
         self._stream_calls: dict[int, int] = {}
         self._running: dict[asyncio.Task[None], JudgeJob] = {}
-        self._active = 0  # taken off the queue, outcome not yet delivered
+        self._active = 0  # taken off the queue (or decided at submit), outcome not yet delivered
+        self._deferred: deque[tuple[JudgeJob, JobOutcome]] = deque()
         self._window_start = time.monotonic()
         self._window_calls = 0
         self._closed = False
@@ -152,6 +155,7 @@ class JudgePool:
         self._thread: threading.Thread | None = None
         self._wake: asyncio.Event | None = None
         self._sleeping = False
+        self._last_work = 0.0
         self._cpu_debt = 0.0
         self._cpu_seen = 0.0
         self._cpu_at = 0.0
@@ -194,17 +198,34 @@ class JudgePool:
             if refused is None:
                 self._ensure_worker()
         if superseded is not None:
-            self._finish(superseded, JobOutcome("superseded"))
+            self._finish_later(superseded, JobOutcome("superseded"))
         if refused is not None:
-            self._finish(job, JobOutcome(refused))
+            self._finish_later(job, JobOutcome(refused))
             return False
+        self._wake_if_sleeping()
+        return True
+
+    def _finish_later(self, job: JudgeJob, outcome: JobOutcome) -> None:
+        # outcomes decided at submit time (superseded, sampled out, over budget...) are delivered from the
+        # pool's thread like all others: their callbacks (span enrichment, export) then cost the caller -
+        # usually the thread streaming tokens - nothing, and count against the pool's CPU share
+        with self._lock:
+            alive = self._thread is not None and self._thread.is_alive() and not self._closed
+            if alive:
+                self._deferred.append((job, outcome))
+                self._active += 1
+        if alive:
+            self._wake_if_sleeping()
+        else:
+            self._finish(job, outcome)
+
+    def _wake_if_sleeping(self) -> None:
         loop, wake = self._loop, self._wake
         # a busy dispatcher finds the job on its own; only a sleeping one needs the (costly) wake-up
         if self._sleeping and loop is not None and wake is not None:
             # a closed loop (shutdown racing us) is fine: the job gets "shutdown" from the drain
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(wake.set)
-        return True
 
     def _take_budget(self, job: JudgeJob) -> bool:
         if self._per_stream_budget and job.stream_key:
@@ -272,6 +293,17 @@ class JudgePool:
             finally:
                 loop.close()
 
+    def _deliver_deferred(self) -> None:
+        while self._deferred:
+            try:
+                job, outcome = self._deferred.popleft()
+            except IndexError:
+                break
+            self._finish(job, outcome)
+            with self._lock:
+                self._active -= 1
+                self._idle.notify_all()
+
     def _pop(self) -> JudgeJob | None:
         with self._lock:
             while self._queue:
@@ -304,23 +336,40 @@ class JudgePool:
             await sem.acquire()
             if self._cpu_share:
                 await self._throttle()
+            self._deliver_deferred()
             job = self._pop()
             while job is None:
                 if self._closed:
                     sem.release()
+                    self._deliver_deferred()
                     pending = list(self._running)
                     if pending:
                         await asyncio.gather(*pending, return_exceptions=True)
                     return
+                # while streams are active, poll for a little while before sleeping: a cross-thread
+                # wake-up costs the submitting (token-streaming) thread a syscall and a GIL hand-off
+                # per checkpoint, a poll tick costs this thread alone
+                if time.monotonic() - self._last_work < _LINGER_S:
+                    await asyncio.sleep(_POLL_S)
+                    self._deliver_deferred()
+                    job = self._pop()
+                    continue
                 self._wake.clear()
                 self._sleeping = True
-                job = self._pop()  # re-check after announcing sleep: a submit in between is not lost
+                # re-check after announcing sleep: a submit in between is not lost
+                if self._deferred:
+                    self._sleeping = False
+                    self._deliver_deferred()
+                    continue
+                job = self._pop()
                 if job is not None:
                     self._sleeping = False
                     break
                 await self._wake.wait()  # submit() and shutdown() set it
                 self._sleeping = False
+                self._deliver_deferred()
                 job = self._pop()
+            self._last_work = time.monotonic()
             if time.monotonic() - job.enqueued_at > self._max_queue_wait_s:
                 sem.release()
                 self._finish(job, JobOutcome("timeout", error="waited in queue past its deadline"))
@@ -450,6 +499,7 @@ class JudgePool:
                 loop.call_soon_threadsafe(wake.set)
         if thread is not None:
             thread.join(timeout=5.0)
+        self._deliver_deferred()  # anything the worker did not get to: every job has its outcome
         return drained
 
 
