@@ -89,7 +89,7 @@ def test_metrics_scores_alerts_latency_queue_depth_drops() -> None:
         data = reader.get_metrics_data()
         names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
         assert {semconv.METRIC_SCORE, semconv.METRIC_ALERTS, semconv.METRIC_JUDGE_DURATION,
-                semconv.METRIC_QUEUE_DEPTH} <= names
+                semconv.METRIC_QUEUE_DEPTH, semconv.METRIC_QUEUE_CAPACITY} <= names
     finally:
         rt.shutdown()
 

@@ -111,6 +111,7 @@ METRIC_SCORE: Final = "streamjudge.eval.score"
 METRIC_ALERTS: Final = "streamjudge.alerts"
 METRIC_JUDGE_DURATION: Final = "streamjudge.judge.duration"
 METRIC_QUEUE_DEPTH: Final = "streamjudge.judge.queue.depth"
+METRIC_QUEUE_CAPACITY: Final = "streamjudge.judge.queue.capacity"
 METRIC_DROPS: Final = "streamjudge.judge.drops"
 METRIC_EXPORT_DROPS: Final = "streamjudge.export.drops"  # results a sink (Langfuse, Phoenix) lost
 METRIC_JUDGE_ERRORS: Final = "streamjudge.judge.errors"

@@ -132,6 +132,12 @@ class JudgePool:
             callbacks=[self._observe_depth],
             description="Judge jobs queued or running",
         )
+        # alert rules compare the depth with this rather than with a hard-coded default size
+        meter.create_observable_gauge(
+            semconv.METRIC_QUEUE_CAPACITY,
+            callbacks=[lambda _o: [metrics.Observation(self._queue_size)]],
+            description="Judge jobs the queue holds before it drops",
+        )
         self._init_state()
         # a forked worker must not share the parent's loop thread, queue or locks
         after_fork_in_child(self, JudgePool._init_state)
