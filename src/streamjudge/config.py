@@ -31,6 +31,11 @@ DEFAULT_REGENERATE_INSTRUCTION = (
     "dates or events that the context does not contain; say so if the context does not cover something."
 )
 
+#: the app's frames that end an answer: ``event:NAME`` (an SSE event name), ``data:TEXT`` (an SSE frame's
+#: whole data), ``type:NAME`` (the ``type`` field of a JSON line or WebSocket message)
+DEFAULT_TERMINAL_FRAMES: tuple[str, ...] = ("event:done", "event:end", "data:[DONE]", "type:done")
+TERMINAL_FRAME_KINDS: tuple[str, ...] = ("event", "data", "type")
+
 
 class ConfigError(ValueError):
     """An option has a value streamjudge cannot use. The message names the variable and what is allowed."""
@@ -106,6 +111,8 @@ class Settings:
     # LangGraph / streaming instrumentation
     answer_nodes: tuple[str, ...] = ("generate",)
     sse_token_field: str | None = None  # JSON path (dot separated) of the token in SSE data payloads
+    # the app's frames that end an answer, held back until the guard's last events are sent
+    terminal_frames: tuple[str, ...] = DEFAULT_TERMINAL_FRAMES
     # judge LLMs (final pass, and a cheaper one for checkpoints that falls back to it)
     eval_llm: JudgeLLMSettings = field(default_factory=JudgeLLMSettings)
     checkpoint_llm: JudgeLLMSettings = field(default_factory=JudgeLLMSettings)
@@ -128,6 +135,13 @@ class Settings:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.window_sentences < 1 or self.window_chars < 1:
             raise ConfigError("window_sentences and window_chars must be >= 1")
+        for spec in self.terminal_frames:
+            kind, sep, value = spec.partition(":")
+            if not sep or kind.strip() not in TERMINAL_FRAME_KINDS or not value.strip():
+                raise ConfigError(
+                    f"terminal_frames: {spec!r} is not event:NAME, data:TEXT or type:NAME "
+                    "(STREAMJUDGE_TERMINAL_FRAMES=none turns holding back off)"
+                )
 
     @property
     def checkpoint_judge_name(self) -> str:
@@ -185,6 +199,11 @@ def _thresholds(var: str, raw: str) -> dict[str, float]:
     return out
 
 
+def _terminal_frames(var: str, raw: str) -> tuple[str, ...]:
+    # "none" says "hold nothing back" (an empty variable means "default", like every other option)
+    return () if raw.strip().lower() == "none" else _csv(raw)
+
+
 # field name -> (env suffix, parser)
 _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "judge": ("JUDGE", None),
@@ -220,6 +239,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "max_text_attribute_chars": ("MAX_TEXT_CHARS", _int),
     "answer_nodes": ("ANSWER_NODES", "csv"),
     "sse_token_field": ("SSE_TOKEN_FIELD", None),
+    "terminal_frames": ("TERMINAL_FRAMES", _terminal_frames),
 }
 
 

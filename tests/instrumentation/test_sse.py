@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streamjudge.instrumentation._sse import SSEFrame, SSEParser, make_token_extractor, render_sse
+from streamjudge.config import ConfigError, load_settings
+from streamjudge.instrumentation._sse import (
+    SSEFrame,
+    SSEParser,
+    TerminalFrames,
+    make_token_extractor,
+    render_sse,
+)
 
 STREAM = (
     b"event: thread\r\ndata: {\"thread_id\": \"t1\"}\r\n\r\n"
@@ -66,3 +74,51 @@ def test_configured_json_path() -> None:
 def test_rendered_frame_parses_back() -> None:
     frame = render_sse("warning", {"metric": "faithfulness", "char_end": 12})
     assert SSEParser().feed(frame) == [SSEFrame("warning", '{"metric":"faithfulness","char_end":12}')]
+
+
+TERMINAL = TerminalFrames()
+DONE_AT = STREAM.index(b"event: done")
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
+def test_forwarded_bytes_are_whole_frames_and_the_terminal_frame_is_found(cuts: list[int]) -> None:
+    parser = SSEParser(TERMINAL.sse)
+    sent = b""
+    terminal_at: list[int] = []
+    bounds = [0, *sorted(cuts), len(STREAM)]
+    for a, b in itertools.pairwise(bounds):
+        complete, _, at = parser.feed_split(STREAM[a:b])
+        if at >= 0:
+            terminal_at.append(len(sent) + at)
+        sent += complete
+        # whatever went out ends at a frame boundary: a frame injected now cannot corrupt the app's
+        assert SSEParser().feed(sent + b"event: x\ndata: 1\n\n")[-1] == SSEFrame("x", "1")
+    assert sent + parser.flush() == STREAM  # nothing lost, nothing changed
+    assert terminal_at == [DONE_AT]
+
+
+def test_a_character_split_across_chunks_is_decoded_whole() -> None:
+    frame = 'data: {"token": "Zürich – 東京"}\n\n'.encode()
+    parser = SSEParser()
+    out = [f for i in range(len(frame)) for f in parser.feed(frame[i:i + 1])]
+    assert out == [SSEFrame(None, '{"token": "Zürich – 東京"}')]
+
+
+def test_terminal_frames_by_event_data_and_json_type() -> None:
+    t = TerminalFrames(["event:finished", "data:[END]", "type:complete"])
+    assert t.sse(SSEFrame("finished", "{}")) and t.sse(SSEFrame(None, "[END]"))
+    assert not t.sse(SSEFrame("done", "{}")) and not t.sse(SSEFrame(None, "[DONE]"))
+    assert t.json({"type": "complete"}) and not t.json({"type": "done"}) and not t.json({"type": ["x"]})
+    assert t.may_be_json(b'{"type": "complete"}') and not t.may_be_json(b'{"type": "token"}')
+    assert not TerminalFrames([])
+    with pytest.raises(ValueError, match="event:VALUE"):
+        TerminalFrames(["done"])
+
+
+def test_terminal_frames_setting() -> None:
+    assert load_settings({}).terminal_frames == ("event:done", "event:end", "data:[DONE]", "type:done")
+    env = {"STREAMJUDGE_TERMINAL_FRAMES": "event:finished, data:[END]"}
+    assert load_settings(env).terminal_frames == ("event:finished", "data:[END]")
+    assert load_settings({"STREAMJUDGE_TERMINAL_FRAMES": "none"}).terminal_frames == ()
+    with pytest.raises(ConfigError, match="STREAMJUDGE_TERMINAL_FRAMES=none"):
+        load_settings({"STREAMJUDGE_TERMINAL_FRAMES": "finished"})

@@ -128,7 +128,8 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
     # --- FastAPI / Starlette ------------------------------------------------------------------------
     def _instrument_web(self) -> None:
-        options = {"token_field": self._settings.sse_token_field, **self._middleware_options}
+        options = {"token_field": self._settings.sse_token_field,
+                   "terminal_frames": self._settings.terminal_frames, **self._middleware_options}
         apps = self._apps
 
         def after_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> None:
@@ -228,6 +229,7 @@ def instrument_app(
         "token_events": token_events,
         "token_extractor": token_extractor,
         "frame_hook": frame_hook,
+        "terminal_frames": settings.terminal_frames,
     }
     _add_middleware(app, options)
     app._streamjudge_instrumented = True

@@ -5,10 +5,13 @@ the request. Per request it binds a stream to the trace (see ``_binding``); the 
 the answer tokens, or — for apps whose tokens do not come from an instrumented graph — the body itself
 does: SSE frames (``text/event-stream``, e.g. ``StreamingResponse`` or sse-starlette's
 ``EventSourceResponse``), JSON lines, plain text chunks and WebSocket messages are parsed and their token
-extracted. The app's frames always pass through unchanged; the guard's ``warning`` / ``retract`` /
-``stop`` events are injected between frames in the app's format (a hook decides how). A stop ends the
-body; a client that disconnects ends the stream span with ``disconnected`` and cancels its queued judge
-work.
+extracted. The app's frames pass through unchanged, whole frames at a time (the bytes of a frame split
+across chunks go out when it is complete); the guard's ``warning`` / ``retract`` / ``stop`` events are
+injected between frames in the app's format (a hook decides how). The app's terminal frame (``event:
+done``, ``data: [DONE]``, a ``{"type": "done"}`` line …; ``terminal_frames``) is held back until the
+stream's tail checkpoint was judged (bounded by ``end_wait_s``) and its events were sent, so a front end
+that stops reading at that frame still sees the last warning. A stop ends the body; a client that
+disconnects ends the stream span with ``disconnected`` and cancels its queued judge work.
 """
 
 from __future__ import annotations
@@ -17,18 +20,20 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from streamjudge.config import DEFAULT_TERMINAL_FRAMES
 from streamjudge.instrumentation import _binding
 from streamjudge.instrumentation._binding import StreamBinding
 from streamjudge.instrumentation._sse import (
     DEFAULT_TOKEN_EVENTS,
     DONE_EVENTS,
     SSEParser,
+    TerminalFrames,
     TokenExtractor,
     extract_from_json,
     json_event_name,
@@ -95,8 +100,8 @@ def _mode_for(headers: Any) -> FrameKind | None:
 async def finish_stream(binding: StreamBinding, *, wait_s: float | None = None) -> list[StreamEvent]:
     """End an answer stream: tail checkpoint, wait (bounded, off the token path) for verdicts in flight.
 
-    The wait happens after the last token was sent, before the body's end, so a late warning still
-    reaches the client; it never exceeds ``settings.end_wait_s``.
+    The wait happens after the last token was sent, before the app's terminal frame and the body's end,
+    so a late warning still reaches the client ahead of them; it never exceeds ``settings.end_wait_s``.
     """
     session = binding.session
     if session is None:
@@ -142,8 +147,11 @@ class StreamJudgeMiddleware:
         token_events: frozenset[str | None] | None = DEFAULT_TOKEN_EVENTS,
         token_extractor: TokenExtractor | None = None,
         frame_hook: FrameHook | None = None,
+        terminal_frames: Iterable[str] | None = None,
     ) -> None:
         self.app = app
+        self._terminal = TerminalFrames(DEFAULT_TERMINAL_FRAMES if terminal_frames is None
+                                        else terminal_frames)
         self._path = tuple(token_field.split(".")) if token_field else None
         self._extract = token_extractor or make_token_extractor(token_field, token_events)
         self._hook = frame_hook or default_frame_hook
@@ -190,93 +198,129 @@ class StreamJudgeMiddleware:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         binding, own_span = self._bind(scope, "http")
         parser: SSEParser | None = None
-        line_buf = ""
+        line_buf = b""
         mode: FrameKind | None = None
         started = False
         ended = False  # the body was ended by a stop: later sends of the app are dropped
-        stop_wake: asyncio.Event | None = None
+        body_done = False  # the last body message went out
+        # created now, not at the response start: a response may wait in receive() before it starts
+        stop_wake = asyncio.Event()
         extract = self._extract
         path = self._path
+        terminal = self._terminal
         outcome = "completed"
+
+        async def send_body(body: bytes, more: bool) -> None:
+            await send({"type": "http.response.body", "body": body, "more_body": more})
 
         async def send_events(events: list[StreamEvent]) -> None:
             assert mode is not None
             for frame in self._render(events, mode):
                 body = frame.encode() if isinstance(frame, str) else frame
                 if isinstance(body, bytes | bytearray):
-                    await send({"type": "http.response.body", "body": bytes(body), "more_body": True})
+                    await send_body(bytes(body), True)
 
         async def end_body() -> None:
             nonlocal ended
             ended = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            if stop_wake is not None:
-                stop_wake.set()  # tells the response a "disconnect" happened, so it stops producing
+            await send_body(b"", False)
+            stop_wake.set()  # tells the response a "disconnect" happened, so it stops producing
+
+        def split_ndjson(body: bytes) -> tuple[bytes, int]:
+            # whole lines only (a reader cannot use half a line); the terminal line's offset or -1
+            nonlocal line_buf
+            data = line_buf + body if line_buf else body
+            cut = data.rfind(b"\n") + 1
+            line_buf = data[cut:]
+            complete = data[:cut]
+            feed = binding.source != "graph"
+            check = bool(terminal.types)
+            if not complete or not (feed or check):
+                return complete, -1
+            pos = 0
+            for line in complete.split(b"\n")[:-1]:
+                at = pos
+                pos += len(line) + 1
+                maybe_terminal = check and terminal.may_be_json(line)
+                if not line.strip() or not (feed or maybe_terminal):
+                    continue
+                try:
+                    payload = json.loads(line)
+                except ValueError:
+                    continue
+                if maybe_terminal and terminal.json(payload):
+                    return complete, at
+                if feed:
+                    tok = extract_from_json(payload, path)
+                    if tok:
+                        binding.feed(tok, "body")
+            return complete, -1
 
         async def wrapped_send(message: Message) -> None:
-            nonlocal mode, parser, started, line_buf, stop_wake
+            nonlocal mode, parser, started, line_buf, body_done
             if ended:
                 return
             mtype = message["type"]
             if mtype == "http.response.start":
                 mode = _mode_for(message.get("headers"))
                 started = True
-                if mode is not None:
-                    stop_wake = asyncio.Event()
-                    if mode == "sse":
-                        parser = SSEParser()
+                if mode == "sse":
+                    parser = SSEParser(terminal.sse if terminal else None)
                 await send(message)
                 return
             if mtype != "http.response.body" or mode is None:
                 await send(message)
                 return
             body = message.get("body", b"")
-            boundary = True
-            if body:
-                if parser is not None:
-                    frames = parser.feed(body)
-                    boundary = not parser.pending
-                    if binding.source != "graph":
-                        for f in frames:
-                            tok = extract(f)
-                            if tok:
-                                binding.feed(tok, "body")
-                elif mode == "ndjson":
-                    text = line_buf + body.decode("utf-8", "replace")
-                    *lines, line_buf = text.split("\n")
-                    boundary = not line_buf
-                    if binding.source != "graph":
-                        for line in lines:
-                            if line.strip():
-                                try:
-                                    tok = extract_from_json(json.loads(line), path)
-                                except ValueError:
-                                    tok = None
-                                if tok:
-                                    binding.feed(tok, "body")
-                elif binding.source != "graph":
-                    binding.feed(body.decode("utf-8", "replace"), "body")
-            if message.get("more_body", False):
-                await send(message)
-                if boundary and binding.has_events:
+            more = message.get("more_body", False)
+            at = -1  # where the app's terminal frame starts in ``complete``
+            if parser is not None:
+                complete, frames, at = parser.feed_split(body) if body else (b"", [], -1)
+                if binding.source != "graph":
+                    for f in frames:
+                        tok = extract(f)
+                        if tok:
+                            binding.feed(tok, "body")
+            elif mode == "ndjson":
+                complete, at = split_ndjson(bytes(body)) if body else (b"", -1)
+            else:
+                complete = bytes(body)
+                if body and binding.source != "graph":
+                    binding.feed(complete.decode("utf-8", "replace"), "body")
+            if at < 0 and more:
+                # the hot path: forward whole frames, then whatever the guard has to say
+                if complete:
+                    await send_body(complete, True)
+                if binding.has_events:
                     await send_events(binding.take_events())
                 if binding.stopped:
                     await end_body()
                 return
-            # the app's last body message: finish the stream first so its last events go out before it
+            # the app's terminal frame or the body's end: the stream's last events go out before either
+            held = b""
+            if at >= 0:
+                complete, held = complete[:at], complete[at:]
+            if not more:
+                held += parser.flush() if parser is not None else line_buf
+                line_buf = b""
+            if complete:
+                await send_body(complete, True)
             if binding.session is not None:
                 await send_events(await finish_stream(binding))
-            await send(message)
+            elif at >= 0:
+                binding.finish()  # the answer is over: later frames start nothing new
+            if held or not more:
+                body_done = not more
+                await send_body(held, more)
 
         async def wrapped_receive() -> Message:
-            if not started or stop_wake is None:
-                return await receive()
+            if started and mode is None:
+                return await receive()  # not a stream: nothing to watch
             # a streaming response listens for the client going away; a stop must look like that too
-            wake = stop_wake
-            if wake.is_set():
+            if stop_wake.is_set():
                 return {"type": "http.disconnect"}
             recv = asyncio.ensure_future(receive())
-            waiter = asyncio.ensure_future(wake.wait())
+            waiter = asyncio.ensure_future(stop_wake.wait())
             try:
                 await asyncio.wait({recv, waiter}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -285,7 +329,7 @@ class StreamJudgeMiddleware:
                     recv.cancel()
             if recv.done() and not recv.cancelled():
                 message = recv.result()
-                if message["type"] == "http.disconnect" and not ended:
+                if message["type"] == "http.disconnect" and not ended and not body_done:
                     binding.abort("disconnected")
                 return message
             return {"type": "http.disconnect"}
@@ -344,7 +388,7 @@ class StreamJudgeMiddleware:
                     except ValueError:
                         payload = None
                 event = json_event_name(payload)
-                if event in DONE_EVENTS:
+                if event in DONE_EVENTS or (payload is not None and self._terminal.json(payload)):
                     swallow = False
                     if binding.session is not None:
                         await send_events(await finish_stream(binding))

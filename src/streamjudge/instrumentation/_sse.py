@@ -9,9 +9,12 @@ space after the colon is dropped; lines starting with ``:`` are comments. Chunks
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from streamjudge.config import DEFAULT_TERMINAL_FRAMES, TERMINAL_FRAME_KINDS
 
 #: event names whose payload is answer text (None = an unnamed frame, which EventSource calls "message")
 DEFAULT_TOKEN_EVENTS: frozenset[str | None] = frozenset({None, "message", "token", "delta", "chunk"})
@@ -30,45 +33,127 @@ class SSEFrame:
     id: str | None = None
 
 
+class TerminalFrames:
+    """Recognises the app's terminal frame, which the middleware holds back until the guard's last events
+    are out (a front end treats that frame as the end of the answer).
+
+    ``specs``: ``event:NAME`` (an SSE event name), ``data:TEXT`` (an SSE frame's whole data) or
+    ``type:NAME`` (the ``type`` field of a JSON line or WebSocket message); none: nothing is held back.
+    """
+
+    __slots__ = ("_quoted", "data", "events", "types")
+
+    def __init__(self, specs: Iterable[str] = DEFAULT_TERMINAL_FRAMES) -> None:
+        events: set[str] = set()
+        data: set[str] = set()
+        types: set[str] = set()
+        for spec in specs:
+            kind, sep, value = spec.partition(":")
+            kind = kind.strip()
+            if not sep or kind not in TERMINAL_FRAME_KINDS or not value.strip():
+                kinds = ", ".join(k + ":VALUE" for k in TERMINAL_FRAME_KINDS)
+                raise ValueError(f"terminal frame {spec!r}: expected one of {kinds}")
+            {"event": events, "data": data, "type": types}[kind].add(value.strip())
+        self.events = frozenset(events)
+        self.data = frozenset(data)
+        self.types = frozenset(types)
+        # a JSON line can only be terminal if it contains one of these (skips decoding the others)
+        self._quoted = tuple(json.dumps(t).encode() for t in self.types)
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.data or self.types)
+
+    def sse(self, frame: SSEFrame) -> bool:
+        """True for a terminal SSE frame (``event: done``, ``data: [DONE]`` …)."""
+        return frame.event in self.events or frame.data in self.data
+
+    def json(self, payload: Any) -> bool:
+        """True for a decoded JSON line or message whose ``type`` is terminal."""
+        if not isinstance(payload, Mapping):
+            return False
+        kind = payload.get("type")
+        return isinstance(kind, str) and kind in self.types
+
+    def may_be_json(self, line: bytes) -> bool:
+        """Cheap pre-check of a raw JSON line before decoding it only to look for a terminal type."""
+        return any(q in line for q in self._quoted)
+
+
 #: (frame) -> answer text carried by the frame, or None when the frame carries none
 TokenExtractor = Callable[[SSEFrame], "str | None"]
 
 
 class SSEParser:
-    """Turns a byte stream into :class:`SSEFrame` objects; feed it chunks as they are sent."""
+    """Turns a byte stream into :class:`SSEFrame` objects; feed it chunks as they are sent.
 
-    __slots__ = ("_buf",)
+    It works on bytes (``\\r`` and ``\\n`` never occur inside a UTF-8 sequence), so a character split
+    across chunks is decoded whole, and a wrapper can forward exactly the bytes of complete frames.
+    ``terminal`` marks the frame that ends the answer (see :meth:`feed_split`).
+    """
 
-    def __init__(self) -> None:
-        self._buf = ""
+    __slots__ = ("_buf", "_terminal")
+
+    def __init__(self, terminal: Callable[[SSEFrame], bool] | None = None) -> None:
+        self._buf = b""
+        self._terminal = terminal
 
     def feed(self, chunk: bytes | str) -> list[SSEFrame]:
         """Frames completed by ``chunk`` (possibly none)."""
-        text = chunk if isinstance(chunk, str) else bytes(chunk).decode("utf-8", "replace")
-        buf = self._buf + text
-        # normalise line ends, but keep a trailing "\r": it may be the first half of "\r\n"
-        tail_cr = buf.endswith("\r")
-        if tail_cr:
-            buf = buf[:-1]
-        if "\r" in buf:
-            buf = buf.replace("\r\n", "\n").replace("\r", "\n")
+        return self.feed_split(chunk)[1]
+
+    def feed_split(self, chunk: bytes | str) -> tuple[bytes, list[SSEFrame], int]:
+        """``(complete, frames, terminal_at)`` for a wrapper that forwards whole frames only.
+
+        ``complete``: the raw bytes of the frames ``chunk`` completed, with those of their beginnings held
+        from earlier chunks; the unfinished tail stays here (:meth:`flush` hands it out). ``terminal_at``:
+        where in ``complete`` the first terminal frame starts, or -1.
+        """
+        raw = self._buf + (chunk.encode() if isinstance(chunk, str) else bytes(chunk))
         frames: list[SSEFrame] = []
+        terminal = self._terminal
+        terminal_at = -1
         start = 0
-        while True:
-            end = buf.find("\n\n", start)
-            if end < 0:
-                break
-            frame = _parse_block(buf[start:end])
-            if frame is not None:
-                frames.append(frame)
-            start = end + 2
-        self._buf = buf[start:] + ("\r" if tail_cr else "")
-        return frames
+        if b"\r" not in raw:
+            while True:
+                end = raw.find(b"\n\n", start)
+                if end < 0:
+                    break
+                frame = _parse_block(raw[start:end].decode("utf-8", "replace"))
+                if frame is not None:
+                    frames.append(frame)
+                    if terminal_at < 0 and terminal is not None and terminal(frame):
+                        terminal_at = start
+                start = end + 2
+        else:
+            for m in _FRAME_END.finditer(raw):
+                block = raw[start:m.start()].decode("utf-8", "replace")
+                frame = _parse_block(block.replace("\r\n", "\n").replace("\r", "\n"))
+                if frame is not None:
+                    frames.append(frame)
+                    if terminal_at < 0 and terminal is not None and terminal(frame):
+                        terminal_at = start
+                start = m.end()
+        if start == len(raw):
+            self._buf = b""
+            return raw, frames, terminal_at
+        self._buf = raw[start:]
+        return raw[:start], frames, terminal_at
+
+    def flush(self) -> bytes:
+        """The unfinished tail (the body ended without completing it); the parser starts afresh."""
+        out, self._buf = self._buf, b""
+        return out
 
     @property
     def pending(self) -> bool:
         """True while an unfinished frame is buffered (an injected frame would corrupt it)."""
-        return bool(self._buf.strip("\r\n"))
+        return bool(self._buf.strip(b"\r\n"))
+
+
+# a blank line ends a frame: two line ends in a row, where "\r\n" is one line end (a lone "\r" at the end
+# of the buffer counts as one: a "\n" that follows in the next chunk is then an empty line, which is
+# harmless); only used when the buffer holds a "\r"
+_FRAME_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
 
 
 def _parse_block(block: str) -> SSEFrame | None:
