@@ -78,3 +78,32 @@ def test_empty_contexts_and_answer_are_recorded_not_fatal(tmp_path: Path) -> Non
     assert p.returncode == 0, p.stderr
     rows = [json.loads(line) for line in p.stdout.splitlines()]
     assert rows[0]["fired"] is False and rows[-1]["cases"] == 2
+
+
+def test_multi_checkpoint_answers_replay_without_waiting_out_deadlines(tmp_path: Path) -> None:
+    # the replay source waits for each checkpoint's verdict; it must not wait for the guard to take it in
+    # (which happens only at the next token): that deadlocked until a 30 s deadline per checkpoint
+    f = tmp_path / "c.jsonl"
+    answer = " ".join(f"The company was founded in {1990 + i} in Palo Alto." for i in range(6))
+    f.write_text(json.dumps({"question": "When?", "contexts": ["The company was founded in 1998 in Palo Alto."],
+                             "answer": answer, "expect_alert": True}) + "\n")
+    p = subprocess.run([sys.executable, "-m", "streamjudge.cli", "replay", str(f), "--json"],
+                       capture_output=True, text=True, timeout=25, check=False)
+    row = json.loads(p.stdout.splitlines()[0])
+    assert row["checkpoints"] >= 3 and row["fired"] is True
+
+
+def test_calibrate_finds_a_threshold_that_separates_the_cases() -> None:
+    p = subprocess.run([sys.executable, "-m", "streamjudge.cli", "calibrate", str(CASES), "--json"],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(line) for line in p.stdout.splitlines()]
+    summary = rows[-1]
+    assert summary["summary"] is True and summary["cases"] == 5
+    assert summary["best_balanced_accuracy"] == 1.0
+    best = summary["best_threshold"]
+    # at the best threshold every expected alert fires and no grounded case does
+    row = next(r for r in rows[:-1] if r["threshold"] == best)
+    assert (row["tp"], row["fp"], row["fn"]) == (3, 0, 0)
+    # at 0 nothing fires
+    assert rows[0]["threshold"] == 0.0 and rows[0]["tp"] == rows[0]["fp"] == 0

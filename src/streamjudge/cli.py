@@ -68,6 +68,59 @@ def _replay(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from streamjudge.offline.calibrate import best, lowest_scores, sweep
+    from streamjudge.offline.replay import CaseError, load_cases
+
+    try:
+        cases = [c for c in load_cases(args.cases) if c.expect_alert is not None]
+        settings = load_settings(judge=args.judge, checkpoint_judge=args.judge)
+    except (OSError, CaseError, ConfigError) as exc:
+        print(f"streamjudge calibrate: {exc}", file=sys.stderr)
+        return 2
+    if not cases:
+        print("streamjudge calibrate: no case has expect_alert true/false", file=sys.stderr)
+        return 2
+    expected = [bool(c.expect_alert) for c in cases]
+    lows = lowest_scores(cases, settings, chunk_size=args.chunk_size)
+    rows = sweep(lows, expected)
+    top = best(rows)
+    current = sweep(lows, expected, [settings.threshold])[0]
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    if args.json:
+        for r in rows:
+            print(json.dumps({
+                "threshold": r.threshold, "tp": r.true_positives, "fp": r.false_positives,
+                "fn": r.false_negatives, "tn": r.true_negatives, "precision": r.precision,
+                "recall": r.recall, "balanced_accuracy": r.balanced_accuracy,
+            }))
+        print(json.dumps({
+            "summary": True, "cases": len(cases), "judge": settings.judge,
+            "best_threshold": top.threshold if top else None,
+            "best_balanced_accuracy": top.balanced_accuracy if top else None,
+            "current_threshold": settings.threshold,
+            "current_balanced_accuracy": current.balanced_accuracy,
+        }))
+        return 0
+    head = ("threshold", "tp", "fp", "fn", "tn", "precision", "recall", "bal.acc")
+    print("{:>9} {:>4} {:>4} {:>4} {:>4} {:>9} {:>7} {:>7}".format(*head))
+    for r in rows:
+        mark = "  <- best" if r is top else ""
+        counts = f"{r.true_positives:>4} {r.false_positives:>4} {r.false_negatives:>4} {r.true_negatives:>4}"
+        rates = f"{fmt(r.precision):>9} {fmt(r.recall):>7} {fmt(r.balanced_accuracy):>7}"
+        print(f"{r.threshold:>9.3f} {counts} {rates}{mark}")
+    if top is not None:
+        print(
+            f"\nbest threshold {top.threshold:.3f} (balanced accuracy {fmt(top.balanced_accuracy)}); current "
+            f"{settings.threshold} gives {fmt(current.balanced_accuracy)}. Set STREAMJUDGE_THRESHOLD to use "
+            f"it; tuned on these {len(cases)} cases, so check it on cases you did not tune on."
+        )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``streamjudge`` console script."""
     parser = argparse.ArgumentParser(prog="streamjudge", description="Live judging of streamed RAG answers.")
@@ -79,6 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rp.add_argument("--json", action="store_true", help="one JSON object per case, then a summary object")
     rp.add_argument("--chunk-size", type=int, default=8, help="characters per streamed chunk (default 8)")
     rp.set_defaults(func=_replay)
+    cp = sub.add_parser("calibrate", help="find the checkpoint threshold that best matches expected alerts")
+    cp.add_argument("cases", help="JSONL file as for replay; cases need expect_alert")
+    cp.add_argument("--judge", default="local", help="judge name (default: local)")
+    cp.add_argument("--json", action="store_true", help="one JSON object per threshold, then a summary")
+    cp.add_argument("--chunk-size", type=int, default=8, help="characters per streamed chunk (default 8)")
+    cp.set_defaults(func=_calibrate)
     sub.add_parser("demo", help="the built-in demo (same as python -m streamjudge.demo)").set_defaults(
         func=lambda _a: __import__("streamjudge.demo", fromlist=["main"]).main([])
     )

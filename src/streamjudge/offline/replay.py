@@ -50,6 +50,8 @@ class CaseResult:
     verdict: str
     elapsed_ms: float
     warnings: list[str] = field(default_factory=list)
+    #: lowest faithfulness score a checkpoint got below the replay's threshold (None: none was below)
+    min_failing_score: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -117,10 +119,12 @@ def _case(obj: dict[str, Any], where: str, default_id: str) -> ReplayCase:
 async def _chunks(text: str, size: int, stream: list[GuardedStream]) -> AsyncIterator[str]:
     for i in range(0, len(text), size):
         yield text[i : i + size]
-        # let every closed checkpoint get its verdict before the next chunk: deterministic replays
+        # let every closed checkpoint get its verdict before the next chunk: deterministic replays. The
+        # guard takes verdicts in (and `outstanding` down) only between tokens, so wait for the verdict to
+        # be posted, not for it to be taken
         session = stream[0].session
         deadline = time.monotonic() + 30.0
-        while session.outstanding and time.monotonic() < deadline:
+        while session.outstanding and not session.has_events and time.monotonic() < deadline:
             await asyncio.sleep(0.0005)
 
 
@@ -137,9 +141,13 @@ async def replay_case(case: ReplayCase, *, chunk_size: int = 8) -> CaseResult:
     t0 = time.perf_counter()
     summary: dict[str, Any] = {}
     warnings: list[str] = []
+    low: float | None = None
     async for ev in stream:
         if ev.type == "warning" and ev.data and ev.data.get("stage") != "preflight":
             warnings.append(ev.text)
+            score = ev.data.get("score")
+            if isinstance(score, float | int):
+                low = float(score) if low is None else min(low, float(score))
         elif ev.type == "done":
             summary = dict(ev.data or {})
     final = await asyncio.wrap_future(stream.final)
@@ -154,6 +162,7 @@ async def replay_case(case: ReplayCase, *, chunk_size: int = 8) -> CaseResult:
         verdict=str(summary.get("verdict", "")),
         elapsed_ms=(time.perf_counter() - t0) * 1000,
         warnings=warnings,
+        min_failing_score=low,
     )
 
 
