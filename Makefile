@@ -4,9 +4,9 @@ PY ?= python3
 CACHE ?= $(HOME)/.cache/streamjudge
 VENV ?= $(CACHE)/venv
 BIN := $(VENV)/bin
-# the dependency set is re-installed only when pyproject.toml changes
-DEPS_STAMP := $(VENV)/.deps-$(shell sha256sum pyproject.toml | cut -c1-16)
 EXTRAS ?= dev,langgraph,fastapi,llm,ragas,deepeval
+# the dependency set is re-installed only when pyproject.toml or the extras change
+DEPS_STAMP := $(VENV)/.deps-$(shell (cat pyproject.toml; echo '$(EXTRAS)') | sha256sum | cut -c1-16)
 # mk/*.mk add their own prerequisites of `make test` to TEST_DEPS
 TEST_DEPS :=
 PYTEST_ARGS ?=
