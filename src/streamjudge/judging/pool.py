@@ -269,8 +269,9 @@ class JudgePool:
         for job in cancelled:
             self._finish(job, JobOutcome("cancelled"))
         if running and loop is not None:
-            for task in running:
-                loop.call_soon_threadsafe(task.cancel)
+            with contextlib.suppress(RuntimeError):  # the pool shut down meanwhile: nothing runs
+                for task in running:
+                    loop.call_soon_threadsafe(task.cancel)
         return len(cancelled) + len(running)
 
     # --- worker (pool thread) --------------------------------------------------------------------
@@ -498,11 +499,13 @@ class JudgePool:
             loop, thread, wake = self._loop, self._thread, self._wake
         for job in leftover:
             self._finish(job, JobOutcome("shutdown"))
-        if loop is not None and not loop.is_closed():
-            for task in running:
-                loop.call_soon_threadsafe(task.cancel)
-            if wake is not None:
-                loop.call_soon_threadsafe(wake.set)
+        # the dispatcher may close its loop on its own at any moment once it sees `_closed`
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):
+                for task in running:
+                    loop.call_soon_threadsafe(task.cancel)
+                if wake is not None:
+                    loop.call_soon_threadsafe(wake.set)
         if thread is not None:
             thread.join(timeout=5.0)
         self._deliver_deferred()  # anything the worker did not get to: every job has its outcome
