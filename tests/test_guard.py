@@ -343,3 +343,30 @@ def test_contexts_registered_for_the_trace_are_used(harness: Harness) -> None:
 async def _aiter(items: list[Any]) -> AsyncIterator[Any]:
     for i in items:
         yield i
+
+
+def test_a_warning_does_not_wait_for_a_slow_next_token(harness: Harness) -> None:
+    # the model stalls after the hallucinated sentence: the warning must reach the client during the
+    # stall, not with the next token
+    harness.configure(SyncKeywordJudge(), window_sentences=1)
+
+    async def source() -> AsyncIterator[str]:
+        # "More" decides the sentence end before it: the checkpoint closes before the stall
+        for w in "The sky is blue. Water is wet. Then HALLUCINATED facts appear. More".split(" "):
+            yield w + " "
+            await asyncio.sleep(0.02)  # a slow model: racing verdicts against tokens is on
+        await asyncio.sleep(1.0)
+        yield "Done."
+
+    async def main() -> tuple[float, float]:
+        t0 = time.monotonic()
+        warned = last_token = 0.0
+        async for ev in guard(source(), question="sky", contexts=CONTEXTS):
+            if ev.type == "warning" and not warned:
+                warned = time.monotonic() - t0
+            elif ev.type == "token" and ev.text == "Done.":
+                last_token = time.monotonic() - t0
+        return warned, last_token
+
+    warned, last_token = asyncio.run(main())
+    assert 0 < warned < last_token - 0.5
