@@ -352,7 +352,8 @@ def test_a_warning_does_not_wait_for_a_slow_next_token(harness: Harness) -> None
 
     async def source() -> AsyncIterator[str]:
         # "More" decides the sentence end before it: the checkpoint closes before the stall
-        for w in "The sky is blue. Water is wet. Then HALLUCINATED facts appear. More".split(" "):
+        text = "The sky is blue. Water is wet. Then HALLUCINATED facts appear. More"
+        for w in text.split():
             yield w + " "
             await asyncio.sleep(0.02)  # a slow model: racing verdicts against tokens is on
         await asyncio.sleep(1.0)
