@@ -46,6 +46,9 @@ _SUPPRESS_KEY = otel_context._SUPPRESS_INSTRUMENTATION_KEY
 _MAX_BACKOFF_S = 10.0
 _LINGER_S = 0.05  # how long an idle dispatcher keeps polling before it sleeps until woken
 _POLL_S = 0.001
+# it lingers only while jobs come this close together (a burst of checkpoints at full speed): at model
+# speed, polling would only contend for the GIL with the streaming thread
+_BURST_GAP_S = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,7 @@ class JudgePool:
         self._wake: asyncio.Event | None = None
         self._sleeping = False
         self._last_work = 0.0
+        self._bursty = False
         self._cpu_debt = 0.0
         self._cpu_seen = 0.0
         self._cpu_at = 0.0
@@ -356,7 +360,7 @@ class JudgePool:
                 # while streams are active, poll for a little while before sleeping: a cross-thread
                 # wake-up costs the submitting (token-streaming) thread a syscall and a GIL hand-off
                 # per checkpoint, a poll tick costs this thread alone
-                if time.monotonic() - self._last_work < _LINGER_S:
+                if self._bursty and time.monotonic() - self._last_work < _LINGER_S:
                     await asyncio.sleep(_POLL_S)
                     self._deliver_deferred()
                     job = self._pop()
@@ -376,8 +380,10 @@ class JudgePool:
                 self._sleeping = False
                 self._deliver_deferred()
                 job = self._pop()
-            self._last_work = time.monotonic()
-            if time.monotonic() - job.enqueued_at > self._max_queue_wait_s:
+            now = time.monotonic()
+            self._bursty = now - self._last_work < _BURST_GAP_S
+            self._last_work = now
+            if now - job.enqueued_at > self._max_queue_wait_s:
                 sem.release()
                 self._finish(job, JobOutcome("timeout", error="waited in queue past its deadline"))
                 with self._lock:
