@@ -12,7 +12,7 @@ import asyncio
 import io
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor
@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 import streamjudge
 from streamjudge.config import load_settings
 from streamjudge.exporters.console import ConsoleSummaryExporter
+from streamjudge.judging.guard import RegenerateRequest
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,28 @@ async def _tokens(text: str, delay: float) -> AsyncIterator[str]:
 _SPANS = io.StringIO()
 
 
+def _stick_to_context(delay: float) -> Callable[[RegenerateRequest], AsyncIterator[str]]:
+    """A stand-in for re-prompting the model with the accepted prefix and the stick-to-context
+    instruction: it continues with what the sources say and the prefix does not."""
+
+    def regenerate(req: RegenerateRequest) -> AsyncIterator[str]:
+        missing = [c for c in req.contexts if c not in req.accepted_prefix]
+        text = " " + (" ".join(missing) if missing else "That is all the sources say about it.")
+        return _tokens(text, delay)
+
+    return regenerate
+
+
 async def _run_case(case: Case, delay: float) -> None:
     print(f"\n=== {case.title}: {case.question}")
     print(f"    contexts: {list(case.contexts)}")
     print("    stream: ", end="", flush=True)
-    stream = streamjudge.guard(_tokens(case.answer, delay), question=case.question, contexts=case.contexts)
+    stream = streamjudge.guard(
+        _tokens(case.answer, delay),
+        question=case.question,
+        contexts=case.contexts,
+        regenerate=_stick_to_context(delay),
+    )
     async for ev in stream:
         if ev.type == "token":
             print(ev.text, end="", flush=True)
