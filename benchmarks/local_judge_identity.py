@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from faithbench import load
 from streamjudge import semconv
 from streamjudge.judging.base import METRICS, EvalInput
 from streamjudge.judging.judges.local import LocalJudge
@@ -36,17 +38,6 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "benchdata" / "faithbench-dev"
 QUESTION = "Summarize the passage."
 F = (semconv.FAITHFULNESS,)
-
-
-def load(data_dir: Path) -> list[dict[str, Any]]:
-    """All samples of every ``batch_*.json`` under ``data_dir``, in file and sample order."""
-    files = sorted(data_dir.glob("batch_*.json"), key=lambda p: (len(p.name), p.name))
-    if not files:
-        raise SystemExit(f"no batch_*.json under {data_dir} (use --data to point at the FaithBench split)")
-    samples: list[dict[str, Any]] = []
-    for f in files:
-        samples.extend(json.loads(f.read_text(encoding="utf-8"))["samples"])
-    return samples
 
 
 def prefixes(text: str) -> Iterator[str]:

@@ -47,6 +47,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
+from streamjudge._spans import copy_span
 from streamjudge.exporters._bridge import BridgeSink, HttpBridge, JsonRequest, Secret, result_name
 from streamjudge.exporters.base import EvaluationRecord
 from streamjudge.judging.base import Score
@@ -175,23 +176,6 @@ def langfuse_attributes(span: ReadableSpan, *, trace_name: str | None = None) ->
     return out
 
 
-def _clone(span: ReadableSpan, attributes: dict[str, AttributeValue]) -> ReadableSpan:
-    return ReadableSpan(
-        name=span.name,
-        context=span.context,
-        parent=span.parent,
-        resource=span.resource,
-        attributes=attributes,
-        events=span.events,
-        links=span.links,
-        kind=span.kind,
-        status=span.status,
-        start_time=span.start_time,
-        end_time=span.end_time,
-        instrumentation_scope=span.instrumentation_scope,
-    )
-
-
 class LangfuseSpanExporter(SpanExporter):
     """Wraps the exporter that sends to Langfuse and adds Langfuse's attributes to copies of the spans.
 
@@ -235,7 +219,7 @@ class LangfuseSpanExporter(SpanExporter):
                     extra[LF_SESSION_ID] = sid
                 if extra:
                     attrs.update(extra)
-                    mapped.append(_clone(span, attrs))
+                    mapped.append(copy_span(span, attrs))
                 else:
                     mapped.append(span)
             except Exception:  # a mapping problem must not lose the span

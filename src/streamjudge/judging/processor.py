@@ -26,6 +26,7 @@ from opentelemetry.util.types import AttributeValue
 from streamjudge import semconv
 from streamjudge._context import ContextStore
 from streamjudge._fork import after_fork_in_child
+from streamjudge._spans import copy_span
 from streamjudge.config import Settings
 from streamjudge.exporters.base import EvaluationRecord, EvaluationSink
 from streamjudge.judging.base import EvalInput, EvalKind, Judge, Score
@@ -421,17 +422,4 @@ def _enriched(
     """A copy of an ended span with attributes added and events appended (an ended span is immutable)."""
     attributes = dict(span.attributes or {})
     attributes.update(extra)
-    return ReadableSpan(
-        name=span.name,
-        context=span.context,
-        parent=span.parent,
-        resource=span.resource,
-        attributes=attributes,
-        events=(*span.events, *events),
-        links=span.links,
-        kind=span.kind,
-        status=span.status,
-        start_time=span.start_time,
-        end_time=span.end_time,
-        instrumentation_scope=span.instrumentation_scope,
-    )
+    return copy_span(span, attributes, events)
