@@ -265,7 +265,8 @@ class StreamJudgeMiddleware:
                 mode = _mode_for(message.get("headers"))
                 started = True
                 if mode == "sse":
-                    parser = SSEParser(terminal.sse if terminal else None)
+                    parser = SSEParser(terminal.sse if terminal else None,
+                                       terminal.may_be_sse if terminal else None)
                 await send(message)
                 return
             if mtype != "http.response.body" or mode is None:
@@ -275,8 +276,10 @@ class StreamJudgeMiddleware:
             more = message.get("more_body", False)
             at = -1  # where the app's terminal frame starts in ``complete``
             if parser is not None:
-                complete, frames, at = parser.feed_split(body) if body else (b"", [], -1)
-                if binding.source != "graph":
+                # the graph's callbacks deliver the tokens: frames are parsed only to find the terminal one
+                from_body = binding.source != "graph"
+                complete, frames, at = parser.feed_split(body, from_body) if body else (b"", [], -1)
+                if from_body:
                     for f in frames:
                         tok = extract(f)
                         if tok:

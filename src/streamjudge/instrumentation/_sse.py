@@ -41,7 +41,7 @@ class TerminalFrames:
     ``type:NAME`` (the ``type`` field of a JSON line or WebSocket message); none: nothing is held back.
     """
 
-    __slots__ = ("_quoted", "data", "events", "types")
+    __slots__ = ("_marks", "_quoted", "data", "events", "types")
 
     def __init__(self, specs: Iterable[str] = DEFAULT_TERMINAL_FRAMES) -> None:
         events: set[str] = set()
@@ -59,6 +59,11 @@ class TerminalFrames:
         self.types = frozenset(types)
         # a JSON line can only be terminal if it contains one of these (skips decoding the others)
         self._quoted = tuple(json.dumps(t).encode() for t in self.types)
+        # an SSE frame can only be terminal if its raw bytes contain one of these; None: a data value
+        # spans lines (joined data lines do not appear verbatim in the frame) or a value holds U+FFFD
+        # (which an undecodable byte also turns into), so every frame is parsed
+        marks = tuple(v.encode() for v in (*self.events, *self.data))
+        self._marks = None if any(b"\n" in m or b"\r" in m or b"\xef\xbf\xbd" in m for m in marks) else marks
 
     def __bool__(self) -> bool:
         return bool(self.events or self.data or self.types)
@@ -66,6 +71,11 @@ class TerminalFrames:
     def sse(self, frame: SSEFrame) -> bool:
         """True for a terminal SSE frame (``event: done``, ``data: [DONE]`` …)."""
         return frame.event in self.events or frame.data in self.data
+
+    def may_be_sse(self, block: bytes) -> bool:
+        """Cheap pre-check of a raw SSE frame before parsing it only to look for a terminal frame."""
+        marks = self._marks
+        return marks is None or any(m in block for m in marks)
 
     def json(self, payload: Any) -> bool:
         """True for a decoded JSON line or message whose ``type`` is terminal."""
@@ -88,56 +98,97 @@ class SSEParser:
 
     It works on bytes (``\\r`` and ``\\n`` never occur inside a UTF-8 sequence), so a character split
     across chunks is decoded whole, and a wrapper can forward exactly the bytes of complete frames.
-    ``terminal`` marks the frame that ends the answer (see :meth:`feed_split`).
+    ``terminal`` marks the frame that ends the answer (see :meth:`feed_split`); ``maybe_terminal``, a cheap
+    test of a frame's raw bytes that is true at least for every terminal frame, lets
+    ``feed_split(..., frames=False)`` skip parsing the others.
     """
 
-    __slots__ = ("_buf", "_terminal")
+    __slots__ = ("_buf", "_maybe_terminal", "_terminal")
 
-    def __init__(self, terminal: Callable[[SSEFrame], bool] | None = None) -> None:
+    def __init__(
+        self,
+        terminal: Callable[[SSEFrame], bool] | None = None,
+        maybe_terminal: Callable[[bytes], bool] | None = None,
+    ) -> None:
         self._buf = b""
         self._terminal = terminal
+        self._maybe_terminal = maybe_terminal
 
     def feed(self, chunk: bytes | str) -> list[SSEFrame]:
         """Frames completed by ``chunk`` (possibly none)."""
         return self.feed_split(chunk)[1]
 
-    def feed_split(self, chunk: bytes | str) -> tuple[bytes, list[SSEFrame], int]:
+    def feed_split(self, chunk: bytes | str, frames: bool = True) -> tuple[bytes, list[SSEFrame], int]:
         """``(complete, frames, terminal_at)`` for a wrapper that forwards whole frames only.
 
         ``complete``: the raw bytes of the frames ``chunk`` completed, with those of their beginnings held
         from earlier chunks; the unfinished tail stays here (:meth:`flush` hands it out). ``terminal_at``:
-        where in ``complete`` the first terminal frame starts, or -1.
+        where in ``complete`` the first terminal frame starts, or -1. ``frames=False``: the caller only
+        needs ``complete`` and ``terminal_at`` (its tokens come from elsewhere), so frames that cannot be
+        terminal are not parsed and the returned list holds only those that were.
         """
         raw = self._buf + (chunk.encode() if isinstance(chunk, str) else bytes(chunk))
-        frames: list[SSEFrame] = []
+        out: list[SSEFrame] = []
         terminal = self._terminal
         terminal_at = -1
         start = 0
+        # frames=False: parse a frame only to test it for the terminal frame, and only if it may be one
+        skip: Callable[[bytes], bool] | None = None
+        if not frames:
+            maybe = self._maybe_terminal
+            if terminal is None:
+                skip = _always
+            elif maybe is not None:
+                skip = lambda block: not maybe(block)  # noqa: E731
         if b"\r" not in raw:
             while True:
                 end = raw.find(b"\n\n", start)
                 if end < 0:
                     break
-                frame = _parse_block(raw[start:end].decode("utf-8", "replace"))
+                block = raw[start:end]
+                if skip is not None and skip(block):
+                    start = end + 2
+                    continue
+                frame = _parse_block(block.decode("utf-8", "replace"))
                 if frame is not None:
-                    frames.append(frame)
+                    out.append(frame)
                     if terminal_at < 0 and terminal is not None and terminal(frame):
                         terminal_at = start
                 start = end + 2
+        elif raw.count(b"\r\n") == raw.count(b"\r") == raw.count(b"\n"):
+            # every line ends in "\r\n" (sse-starlette's default separator): a plain search, no regex
+            while True:
+                end = raw.find(b"\r\n\r\n", start)
+                if end < 0:
+                    break
+                block = raw[start:end]
+                if skip is not None and skip(block):
+                    start = end + 4
+                    continue
+                frame = _parse_block(block.decode("utf-8", "replace").replace("\r\n", "\n"))
+                if frame is not None:
+                    out.append(frame)
+                    if terminal_at < 0 and terminal is not None and terminal(frame):
+                        terminal_at = start
+                start = end + 4
         else:
             for m in _FRAME_END.finditer(raw):
-                block = raw[start:m.start()].decode("utf-8", "replace")
-                frame = _parse_block(block.replace("\r\n", "\n").replace("\r", "\n"))
+                raw_block = raw[start:m.start()]
+                if skip is not None and skip(raw_block):
+                    start = m.end()
+                    continue
+                text = raw_block.decode("utf-8", "replace")
+                frame = _parse_block(text.replace("\r\n", "\n").replace("\r", "\n"))
                 if frame is not None:
-                    frames.append(frame)
+                    out.append(frame)
                     if terminal_at < 0 and terminal is not None and terminal(frame):
                         terminal_at = start
                 start = m.end()
         if start == len(raw):
             self._buf = b""
-            return raw, frames, terminal_at
+            return raw, out, terminal_at
         self._buf = raw[start:]
-        return raw[:start], frames, terminal_at
+        return raw[:start], out, terminal_at
 
     def flush(self) -> bytes:
         """The unfinished tail (the body ended without completing it); the parser starts afresh."""
@@ -154,6 +205,10 @@ class SSEParser:
 # of the buffer counts as one: a "\n" that follows in the next chunk is then an empty line, which is
 # harmless); only used when the buffer holds a "\r"
 _FRAME_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
+
+
+def _always(block: bytes) -> bool:
+    return True
 
 
 def _parse_block(block: str) -> SSEFrame | None:
