@@ -103,6 +103,9 @@ class Settings:
     global_budget_per_minute: int = 0  # 0 = unlimited
     # most of one core's time the judge pool's thread may use (local judge, callbacks); 0 = no cap
     judge_cpu_share: float = 0.15
+    # seconds the idle judge pool keeps polling for the next job (lower alert latency) before it sleeps;
+    # 0 for CPU-saturated servers, where polling competes with request handling for the GIL
+    judge_linger_s: float = 0.05
     hold_timeout_s: float = 60.0  # longest a judged span is held for its scores before export
     # content capture: off -> spans carry length + sha256 instead of the text
     capture_content: bool = True
@@ -234,6 +237,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "per_stream_budget": ("STREAM_BUDGET", _int),
     "global_budget_per_minute": ("GLOBAL_BUDGET_PER_MINUTE", _int),
     "judge_cpu_share": ("JUDGE_CPU_SHARE", _float),
+    "judge_linger_s": ("JUDGE_LINGER", _float),
     "hold_timeout_s": ("HOLD_TIMEOUT", _float),
     "capture_content": ("CAPTURE_CONTENT", _bool),
     "max_text_attribute_chars": ("MAX_TEXT_CHARS", _int),

@@ -229,6 +229,7 @@ def configure(
         global_budget_per_minute=settings.global_budget_per_minute,
         max_queue_wait_s=settings.hold_timeout_s,
         cpu_share=settings.judge_cpu_share,
+        linger_s=settings.judge_linger_s,
         meter_provider=meter_provider,
     )
     if downstream is None and exporter is not None:

@@ -44,11 +44,7 @@ JobStatus = Literal[
 # own I/O never lands in the judged trace
 _SUPPRESS_KEY = otel_context._SUPPRESS_INSTRUMENTATION_KEY
 _MAX_BACKOFF_S = 10.0
-_LINGER_S = 0.05  # how long an idle dispatcher keeps polling before it sleeps until woken
-_POLL_S = 0.001
-# it lingers only while jobs come this close together (a burst of checkpoints at full speed): at model
-# speed, polling would only contend for the GIL with the streaming thread
-_BURST_GAP_S = 0.005
+_POLL_S = 0.001  # the idle dispatcher's polling period while it lingers
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +102,7 @@ class JudgePool:
         max_queue_wait_s: float = 60.0,
         cpu_share: float = 0.0,
         cpu_burst_s: float = 0.05,
+        linger_s: float = 0.05,
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
         self._concurrency = concurrency
@@ -121,6 +118,10 @@ class JudgePool:
         # share of wall time, allowing a burst so an isolated checkpoint is judged at once
         self._cpu_share = cpu_share if 0.0 < cpu_share < 1.0 else 0.0
         self._cpu_burst = cpu_burst_s
+        # after a job the dispatcher polls for `linger_s` before sleeping until woken: a wake-up of a
+        # sleeping thread costs the submitting (token-streaming) thread a syscall and, on an idle CPU, a
+        # millisecond or more of latency; polling costs GIL hand-offs, which a CPU-bound server feels
+        self._linger_s = linger_s
         self._judges: set[Judge] = set()
         meter = metrics.get_meter(semconv.METER_NAME, meter_provider=meter_provider)
         self._m_duration = meter.create_histogram(
@@ -165,7 +166,6 @@ class JudgePool:
         self._wake: asyncio.Event | None = None
         self._sleeping = False
         self._last_work = 0.0
-        self._bursty = False
         self._cpu_debt = 0.0
         self._cpu_seen = 0.0
         self._cpu_at = 0.0
@@ -360,7 +360,7 @@ class JudgePool:
                 # while streams are active, poll for a little while before sleeping: a cross-thread
                 # wake-up costs the submitting (token-streaming) thread a syscall and a GIL hand-off
                 # per checkpoint, a poll tick costs this thread alone
-                if self._bursty and time.monotonic() - self._last_work < _LINGER_S:
+                if time.monotonic() - self._last_work < self._linger_s:
                     await asyncio.sleep(_POLL_S)
                     self._deliver_deferred()
                     job = self._pop()
@@ -381,7 +381,6 @@ class JudgePool:
                 self._deliver_deferred()
                 job = self._pop()
             now = time.monotonic()
-            self._bursty = now - self._last_work < _BURST_GAP_S
             self._last_work = now
             if now - job.enqueued_at > self._max_queue_wait_s:
                 sem.release()
