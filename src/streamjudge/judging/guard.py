@@ -764,31 +764,41 @@ class _AsyncWaker:
             self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
-        fut = self._fut
-        if fut is not None and not fut.done():
-            fut.set_result(None)
+        self._release()
 
     async def wait(self, other: asyncio.Future[Any] | None, timeout: float | None) -> None:
         fut = self._fut = self._loop.create_future()
+        # one future woken by either side (cheaper than asyncio.wait's per-call set and waiter)
+        release = self._release
+        timer = self._loop.call_later(timeout, release) if timeout is not None else None
         try:
             if self._flag:
                 return
-            aws: set[asyncio.Future[Any]] = {fut}
             if other is not None:
-                aws.add(other)
-            await asyncio.wait(aws, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if other.done():
+                    return
+                other.add_done_callback(release)
+            await fut
         finally:
+            if other is not None:
+                other.remove_done_callback(release)
+            if timer is not None:
+                timer.cancel()
             self._fut = None
             if not fut.done():
                 fut.cancel()
             self._flag = False
 
+    def _release(self, *_: object) -> None:
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
 
 # a source slower than this between tokens is raced against verdicts, so a warning is not held back
-# until the next token; a faster one is awaited directly: a verdict then waits at most one token gap,
-# under 10 ms, which no reader notices, while racing costs every token a task and a wait while a
-# verdict is in flight (measured: +0.5 ms on the p99 inter-token gap of a 5 ms/token stream)
-_RACE_GAP_S = 0.01
+# until the next token; a faster one is awaited directly (a verdict then waits at most one token gap,
+# and racing would cost every such token a task while a verdict is in flight)
+_RACE_GAP_S = 0.0015
 
 
 class GuardedStream:
