@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faithbench import load
+from bench_judge_accuracy import load
 from streamjudge import semconv
 from streamjudge.judging.base import METRICS, EvalInput
 from streamjudge.judging.judges.local import LocalJudge

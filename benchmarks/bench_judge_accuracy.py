@@ -10,7 +10,7 @@ this split (tuned on the data it is scored on, so optimistic), the detectors sto
 ``metadata`` at threshold 0.5 for comparison, and the mean time per judgement (first pass, with context
 indexes shared between summaries of the same source, and a repeat pass served from the claim cache).
 
-    python benchmarks/faithbench.py [--data DIR] [--threshold 0.5] [--json]
+    python benchmarks/bench_judge_accuracy.py [--data DIR] [--threshold 0.5] [--json]
 """
 
 from __future__ import annotations
