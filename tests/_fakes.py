@@ -86,3 +86,16 @@ class BrokenJudge(KeywordJudge):
         if self.how == "block":
             time.sleep(0.2)
         return self._score(item, metrics)
+
+
+class GatedJudge(KeywordJudge):
+    """Answers only once ``gate`` is set: keeps the pool's slots busy."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__()
+        self.gate = gate
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        while not self.gate.is_set():
+            await asyncio.sleep(0.005)
+        return self._score(item, metrics)

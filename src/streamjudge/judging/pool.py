@@ -419,6 +419,8 @@ class JudgePool:
                     # asyncio.timeout, not wait_for: no extra task per call
                     async with asyncio.timeout(self._timeout_s):
                         result = await job.judge.evaluate(job.item, job.metrics)
+                    if not isinstance(result, JudgeResult):
+                        raise TypeError(f"judge returned {type(result).__name__}, not a JudgeResult")
                     elapsed = time.monotonic() - started
                     self._m_duration.record(elapsed, {semconv.METRIC_ATTR_JUDGE: result.judge})
                     outcome = JobOutcome("judged", result, attempts=attempts)
