@@ -22,11 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from streamjudge.sentences import SentenceBuffer, split_sentences
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import tokenize
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "benchdata" / "faithbench-dev"
@@ -90,17 +94,6 @@ def _subword_tokens(text: str) -> list[str]:
     return out
 
 
-def _word_tokens(text: str) -> list[str]:
-    """LLM-like chunks, as ``tokenize()`` in benchmarks/run.py: a word and its trailing space, long words cut
-    at 6 chars."""
-    out: list[str] = []
-    for word in re.findall(r"[^ ]* |[^ ]+$", text):
-        while len(word) > 8:
-            out.append(word[:6])
-            word = word[6:]
-        out.append(word)
-    return out
-
 
 def _faithbench(
     data: Path, repeat: int, tokenize: Callable[[str], list[str]] = _subword_tokens
@@ -153,7 +146,7 @@ def main() -> None:
         "stop_and_resolve_ns_per_token": _stop_and_resolve(args.repeat),
         "floor_append_ns_per_token": _floor(args.repeat),
         "faithbench": _faithbench(args.data, args.repeat),
-        "faithbench_words": _faithbench(args.data, args.repeat, _word_tokens),
+        "faithbench_words": _faithbench(args.data, args.repeat, tokenize),
         "one_megabyte_token_ms": _one_megabyte_ms(),
     }
     if args.json:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from judgecases import GOOD, HALLUCINATED, INJECTED, item
+from judgecases import GOOD, HALLUCINATED, INJECTED, item, run
 from scripted_server import ScriptedLLMServer
 
 from streamjudge.config import load_settings
@@ -42,15 +41,6 @@ def make(name: str, srv: ScriptedLLMServer, provider: str = "openai", **kw: Any)
     cls = RagasJudge if name == "ragas" else DeepEvalJudge
     return cls(s.eval_llm, **kw)
 
-
-def run(judge: Any, it: Any, metrics: Sequence[str] = ("faithfulness",)) -> JudgeResult:
-    async def go() -> JudgeResult:
-        try:
-            result: JudgeResult = await judge.evaluate(it, metrics)
-            return result
-        finally:
-            await judge.aclose()
-    return asyncio.run(go())
 
 
 # --- ragas -------------------------------------------------------------------------------------------

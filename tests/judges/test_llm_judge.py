@@ -6,11 +6,10 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from judgecases import CONTEXTS, GOOD, HALLUCINATED, INJECTED, QUESTION, item
+from judgecases import CONTEXTS, GOOD, HALLUCINATED, INJECTED, QUESTION, item, run
 from scripted_server import ScriptedLLMServer
 
 from streamjudge.config import load_settings
@@ -28,15 +27,6 @@ def settings(srv: ScriptedLLMServer, provider: str = "openai", **extra: str) -> 
     env = {"EVAL_PROVIDER": provider, "EVAL_MODEL": "judge-model", "EVAL_BASE_URL": url, **extra}
     return load_settings(env)
 
-
-def run(judge: Any, it: EvalInput, metrics: Sequence[str] = ("faithfulness",)) -> JudgeResult:
-    async def go() -> JudgeResult:
-        try:
-            result: JudgeResult = await judge.evaluate(it, metrics)
-            return result
-        finally:
-            await judge.aclose()
-    return asyncio.run(go())
 
 
 class Unfenced(DataFence):

@@ -76,7 +76,6 @@ class _Checkpoint:
     index: int
     start: int
     end: int
-    generation: int
 
 
 class GuardSession:
@@ -116,7 +115,6 @@ class GuardSession:
         s = self.settings
         #: tokens are released only after their window passed (drivers must not emit them themselves)
         self.hold_back = s.mode == "hold_back"
-        self._hold = self.hold_back
         self._buf = SentenceBuffer()
         self._policy = CheckpointPolicy(s.window_sentences, s.window_chars, s.checkpoint_every)
         self._decoder: codecs.IncrementalDecoder | None = None
@@ -131,7 +129,6 @@ class GuardSession:
         self._judged_any = False
         # checkpoints
         self._next_index = 0
-        self._generation = 0
         self._window_start = 0
         self._window_start_ns = 0
         self._window_sentences = 0
@@ -314,7 +311,7 @@ class GuardSession:
         if not self._tokens:
             self._first_token()
         self._tokens += 1
-        if self._hold:
+        if self.hold_back:
             self._held.append(token)
         done = self._buf.feed(token)
         if done:
@@ -339,7 +336,7 @@ class GuardSession:
             tail = self._decoder.decode(b"", final=True)
             if tail:
                 self._tokens += 1
-                if self._hold:
+                if self.hold_back:
                     self._held.append(tail)
                 done = self._buf.feed(tail)
                 if done:
@@ -360,7 +357,7 @@ class GuardSession:
         span = self._span
         if span is None:
             return [StreamEvent("done", data={"verdict": "unjudged"})]
-        if self._hold:
+        if self.hold_back:
             # whatever is still held was never judged in time: release it, fail-open, and say so
             for idx in sorted(self._windows):
                 self._release(idx)
@@ -443,8 +440,8 @@ class GuardSession:
         assert req is not None
         self.regen_request = None
         self._regenerations += 1
-        self._generation += 1
-        self._pending.clear()
+        self._pending.clear()  # verdicts of retracted text are ignored from here on
+        self._checkpoints.clear()
         self._held = []
         self._windows.clear()
         prefix = req.accepted_prefix
@@ -540,8 +537,8 @@ class GuardSession:
             attrs[semconv.EVAL_SKIP_REASON] = self._skip_checks
         else:
             self._pending.add(index)
-        self._checkpoints[index] = _Checkpoint(index, start, end, self._generation)
-        if self._hold:
+            self._checkpoints[index] = _Checkpoint(index, start, end)
+        if self.hold_back:
             # the held tokens up to here form this window; anything past `end` (the token that
             # completed the sentence may carry the next one's start) stays for the next window
             self._windows[index] = self._split_held(end)
@@ -557,7 +554,7 @@ class GuardSession:
             if not self._to_end:
                 self._defer(self._end_deferred)
             self._to_end.append((attrs, started, now))
-        if self._skip_checks and self._hold:
+        if self._skip_checks and self.hold_back:
             self._release(index)
 
     def _split_held(self, end: int) -> list[str]:
@@ -591,7 +588,7 @@ class GuardSession:
             return
         if outcome.status != "judged":
             self._record_skip("checkpoint", outcome.status)
-            if self._hold:
+            if self.hold_back:
                 self._release(index)
             return
         self._judged_any = True
@@ -601,7 +598,7 @@ class GuardSession:
                 self._last_good_end = max(self._last_good_end, cp.end)
             if self._verdict == "unjudged":
                 self._verdict = "pass"
-            if self._hold:
+            if self.hold_back:
                 self._release(index)
             return
         self._alert(cp, failed[0])
@@ -647,14 +644,14 @@ class GuardSession:
             self._start_regeneration(cp)
         else:
             self._verdict = "flagged"
-            if self._hold:
+            if self.hold_back:
                 self._release(cp.index)
 
     def _start_regeneration(self, cp: _Checkpoint) -> None:
         self._verdict = "regenerated"
         keep = self._last_good_end
         text = self.text_until(-1)
-        shown = len(text) if not self._hold else keep
+        shown = len(text) if not self.hold_back else keep
         if shown > keep:
             self._emit(StreamEvent("retract", text[keep:shown], {"from": keep, "to": shown,
                                                                  "checkpoint": cp.index}))
