@@ -524,15 +524,25 @@ class Prometheus:
         """Alerts Prometheus currently has pending or firing."""
         return list(http_get_json(f"{self.url}/api/v1/alerts")["data"]["alerts"])
 
-    def wait_for_query(self, promql: str, timeout: float = 30.0) -> list[dict[str, Any]]:
-        """Poll ``promql`` until it returns a non-empty vector."""
+    def wait_for_query(
+        self,
+        promql: str,
+        timeout: float = 30.0,
+        until: Callable[[list[dict[str, Any]]], bool] = bool,
+    ) -> list[dict[str, Any]]:
+        """Poll ``promql`` until its vector satisfies ``until`` (default: non-empty).
+
+        A counter fed by several exports can be scraped between them, so callers that expect a
+        total pass ``until`` rather than asserting on the first sample.
+        """
         deadline = time.monotonic() + timeout
+        result: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
             result = self.query(promql)
-            if result:
+            if until(result):
                 return result
             time.sleep(0.25)
-        raise InfraError(f"{promql!r} stayed empty for {timeout:.0f}s")
+        raise InfraError(f"{promql!r} did not reach the expected value in {timeout:.0f}s; last: {result}")
 
 
 def prometheus_config(

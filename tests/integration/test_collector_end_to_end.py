@@ -9,7 +9,6 @@ hallucinating service only.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -200,10 +199,10 @@ def test_hallucinating_stream_is_traced_scored_and_alerted_while_grounded_one_fi
     assert prom.query(f'streamjudge_alerts_total{{job="{GROUNDED_SERVICE}"}}') == []
 
     # the collector's own telemetry is scraped too: what each trace backend received
-    sent = prom.wait_for_query(
-        '{__name__=~"otelcol_exporter_sent_spans(_total)?",exporter="otlp_grpc/jaeger"}'
+    prom.wait_for_query(
+        '{__name__=~"otelcol_exporter_sent_spans(_total)?",exporter="otlp_grpc/jaeger"}',
+        until=lambda sent: sum(float(r["value"][1]) for r in sent) >= len(spans),
     )
-    assert sum(float(r["value"][1]) for r in sent) >= len(spans)
 
     # --- the Langfuse path: OTLP/HTTP at {host}/api/public/otel with Basic auth ----------------------------
     def carries_bad_trace(req: RecordedRequest) -> bool:
@@ -276,30 +275,25 @@ def test_collector_counts_judge_errors_skips_and_low_scores_at_the_threshold(
     prom = stack.prometheus
     job = f'job="{service}"'
 
-    def value(promql: str) -> float:
-        deadline = time.monotonic() + 30
-        while True:
-            found = prom.query(promql)
-            if found or time.monotonic() > deadline:
-                assert len(found) == 1, (promql, found)
-                return float(found[0]["value"][1])
-            time.sleep(0.25)
+    def settles_at(promql: str, expected: float) -> None:
+        # SimpleSpanProcessor sends each span in its own request, so a scrape can land between them:
+        # wait for the expected value rather than asserting on the first sample seen.
+        prom.wait_for_query(
+            promql,
+            until=lambda found: len(found) == 1 and float(found[0]["value"][1]) == pytest.approx(expected),
+        )
 
-    assert value(f'streamjudge_eval_results_total{{{job},gen_ai_evaluation_name="faithfulness"}}') == 3
+    settles_at(f'streamjudge_eval_results_total{{{job},gen_ai_evaluation_name="faithfulness"}}', 3)
     # below the threshold (0.5) is low; exactly at it is not
-    assert value(f'streamjudge_eval_low_scores_total{{{job},gen_ai_evaluation_name="faithfulness"}}') == 1
-    assert value(f'streamjudge_eval_errors_total{{{job},streamjudge_eval_judge="llm"}}') == 1
-    assert value(f'streamjudge_eval_unjudged_total{{{job},streamjudge_eval_status="timeout"}}') == 1
-    assert value(f'streamjudge_eval_unjudged_total{{{job},streamjudge_eval_status="error"}}') == 1
-    assert value(f'streamjudge_eval_skips_total{{{job},streamjudge_skip_reason="budget_exhausted"}}') == 1
-    assert (
-        value(f'streamjudge_eval_faithfulness_score_count{{{job},streamjudge_span_type="checkpoint"}}') == 3
-    )
-    assert value(f'streamjudge_eval_faithfulness_score_bucket{{{job},le="0.5"}}') == 2
+    settles_at(f'streamjudge_eval_low_scores_total{{{job},gen_ai_evaluation_name="faithfulness"}}', 1)
+    settles_at(f'streamjudge_eval_errors_total{{{job},streamjudge_eval_judge="llm"}}', 1)
+    settles_at(f'streamjudge_eval_unjudged_total{{{job},streamjudge_eval_status="timeout"}}', 1)
+    settles_at(f'streamjudge_eval_unjudged_total{{{job},streamjudge_eval_status="error"}}', 1)
+    settles_at(f'streamjudge_eval_skips_total{{{job},streamjudge_skip_reason="budget_exhausted"}}', 1)
+    settles_at(f'streamjudge_eval_faithfulness_score_count{{{job},streamjudge_span_type="checkpoint"}}', 3)
+    settles_at(f'streamjudge_eval_faithfulness_score_bucket{{{job},le="0.5"}}', 2)
     assert (
         prom.query(f'streamjudge_eval_results_total{{{job},gen_ai_evaluation_name="context_recall"}}') == []
     )
     # one low result of three is 33%: above the 20% rate, so this service alerts as well
-    assert value(f'streamjudge:eval_low_score_ratio:5m{{{job},gen_ai_evaluation_name="faithfulness"}}') == (
-        pytest.approx(1 / 3)
-    )
+    settles_at(f'streamjudge:eval_low_score_ratio:5m{{{job},gen_ai_evaluation_name="faithfulness"}}', 1 / 3)
