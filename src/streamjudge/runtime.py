@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, trace
 from opentelemetry._logs import LoggerProvider
@@ -31,6 +32,9 @@ from streamjudge.judging.base import EvalKind, Judge
 from streamjudge.judging.judges import Tier, create_judge
 from streamjudge.judging.pool import JudgePool
 from streamjudge.judging.processor import JudgeSpanProcessor, StreamRegistry
+
+if TYPE_CHECKING:
+    from streamjudge.exporters.langfuse import LangfuseSpanExporter
 
 _log = logging.getLogger(__name__)
 
@@ -72,6 +76,11 @@ class Runtime:
         self._judges: dict[str, Judge] = {}
         self._judge_lock = threading.Lock()
         self._closed = False
+        # the Langfuse SDK may set itself up after streamjudge (an app calling Langfuse() at import, under
+        # opentelemetry-instrument): each stream start compares the provider's processors with these
+        self._seen_processors: object = None
+        self._langfuse_exporter: LangfuseSpanExporter | None = None
+        self._langfuse_joined = False
 
     def judge_for(self, kind: EvalKind) -> Judge:
         """The judge for checkpoints and the pre-flight gate (fast tier) or the final answer."""
@@ -100,6 +109,42 @@ class Runtime:
                 self._judges[f"final:{self.settings.judge}"] = final
             if checkpoint is not None:
                 self._judges[f"checkpoint:{self.settings.checkpoint_judge_name}"] = checkpoint
+
+    def check_provider(self) -> None:
+        """Join a Langfuse SDK span processor added to the provider since the last look.
+
+        Called at each stream start; costs one identity comparison while the provider's processors are
+        unchanged.
+        """
+        active = getattr(self.tracer_provider, "_active_span_processor", None)
+        current = getattr(active, "_span_processors", None)
+        if current is self._seen_processors:
+            return
+        self._seen_processors = current
+        if not self._langfuse_joined:
+            self._join_langfuse_sdk()
+
+    def _join_langfuse_sdk(self) -> bool:
+        """Make the Langfuse SDK's processor export our spans, stop our own Langfuse exporter sending what
+        the SDK sends, and send scores through the SDK client when no Langfuse score sink is set."""
+        from streamjudge.exporters.langfuse import (
+            LangfuseClientScoreSink,
+            LangfuseScoreSink,
+            adopt_langfuse_sdk,
+        )
+
+        sdk = adopt_langfuse_sdk(self.tracer_provider)
+        if not sdk:
+            return False
+        self._langfuse_joined = True
+        if self._langfuse_exporter is not None:
+            self._langfuse_exporter.defer_to_sdk()
+        if not any(isinstance(s, LangfuseScoreSink | LangfuseClientScoreSink) for s in self.processor.sinks):
+            sink = LangfuseClientScoreSink.for_processor(sdk[0])
+            if sink is not None:
+                self.processor.add_sink(sink)
+        _log.info("streamjudge: joined the Langfuse SDK's span processor")
+        return True
 
     def take_over_export(self, provider: SDKTracerProvider | None = None) -> None:
         """Put the judge processor in front of the processors ``provider`` already has.
@@ -234,13 +279,22 @@ def configure(
     )
     if downstream is None and exporter is not None:
         downstream = BatchSpanProcessor(exporter)
-    env_exporters = _env_exporters() if backends_from_env else []
-    if sinks is None:
-        sinks = _env_sinks() if backends_from_env else []
     if tracer_provider is None:
         current = trace.get_tracer_provider()
         if isinstance(current, SDKTracerProvider):
             tracer_provider = current
+    from streamjudge.exporters.langfuse import LangfuseSpanExporter, langfuse_sdk_processors
+
+    # an app tracing with the Langfuse SDK already exports to Langfuse: a second exporter would send
+    # every span twice (the runtime joins the SDK's processor below instead)
+    sdk_present = tracer_provider is not None and bool(
+        langfuse_sdk_processors(tracer_provider._active_span_processor)
+    )
+    env_exporters = _env_exporters() if backends_from_env else []
+    if sdk_present:
+        env_exporters = [e for e in env_exporters if not isinstance(e, LangfuseSpanExporter)]
+    if sinks is None:
+        sinks = _env_sinks() if backends_from_env else []
     owns_provider = tracer_provider is None
     if tracer_provider is None:
         tracer_provider = SDKTracerProvider(resource=resource or Resource.create())
@@ -286,6 +340,8 @@ def configure(
         meter_provider=owned_meter,
     )
     rt_holder.append(rt)
+    rt._langfuse_exporter = next((e for e in env_exporters if isinstance(e, LangfuseSpanExporter)), None)
+    rt.check_provider()
     if judge is not None or checkpoint_judge is not None:
         rt.use_judges(final=judge, checkpoint=checkpoint_judge or judge)
     # build the judges now, not on the first request's token path

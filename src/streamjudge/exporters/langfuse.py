@@ -5,6 +5,11 @@ user, secret key as password) and reads its own ``langfuse.*`` attributes from t
 evaluation results from OTel, so :class:`LangfuseScoreSink` posts every score to ``POST /api/public/scores``
 as well, addressed to the judged span (``traceId`` + ``observationId``).
 
+An application that already traces with the Langfuse SDK (``Langfuse(...)`` / ``get_client()``) exports to
+Langfuse through the SDK's own span processor; streamjudge then joins it instead (see
+:func:`adopt_langfuse_sdk`): no second exporter, its export filter extended to streamjudge's spans, and
+scores sent through the SDK client (:class:`LangfuseClientScoreSink`).
+
 Both are opt-in: the ``*_from_env`` factories return ``None`` unless ``LANGFUSE_PUBLIC_KEY`` and
 ``LANGFUSE_SECRET_KEY`` are set. ``LANGFUSE_HOST`` (or ``LANGFUSE_BASE_URL``) selects the server, default
 Langfuse Cloud.
@@ -35,6 +40,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -42,7 +48,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.types import AttributeValue
 
@@ -191,6 +197,13 @@ class LangfuseSpanExporter(SpanExporter):
         self._max_traces = max_traces
         self._sessions: OrderedDict[int, str] = OrderedDict()
         self._lock = threading.Lock()
+        self._sdk_since_ns: int | None = None
+
+    def defer_to_sdk(self) -> None:
+        """The Langfuse SDK now exports this process's spans: stop sending those that end from now on
+        (the SDK's processor sees them); spans that ended before are still sent, so none is lost."""
+        if self._sdk_since_ns is None:
+            self._sdk_since_ns = time.time_ns()
 
     def _session(self, span: ReadableSpan, attrs: Mapping[str, AttributeValue]) -> str | None:
         trace_id = span.context.trace_id if span.context is not None else 0
@@ -206,6 +219,11 @@ class LangfuseSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Export Langfuse-mapped copies of ``spans`` through the wrapped exporter."""
+        since = self._sdk_since_ns
+        if since is not None:
+            spans = [s for s in spans if (s.end_time or 0) < since]
+            if not spans:
+                return SpanExportResult.SUCCESS
         mapped: list[ReadableSpan] = []
         # first pass: learn the session ids this batch carries (a child may precede its root)
         for span in spans:
@@ -274,8 +292,8 @@ def score_id(record: EvaluationRecord, score: Score) -> str:
     return str(uuid.uuid5(_SCORE_ID_NAMESPACE, key))
 
 
-def score_body(record: EvaluationRecord, score: Score, *, environment: str | None = None) -> dict[str, Any]:
-    """The JSON body of ``POST /api/public/scores`` for one score (``CreateScoreRequest``)."""
+def score_metadata(record: EvaluationRecord, score: Score) -> dict[str, Any]:
+    """What a Langfuse score carries besides its value: judge, judged span, label, checkpoint/stream ids."""
     metadata: dict[str, Any] = {
         "judge": record.judge,
         "span_name": record.span_name,
@@ -285,6 +303,11 @@ def score_body(record: EvaluationRecord, score: Score, *, environment: str | Non
     if score.label is not None:
         metadata["label"] = score.label
     metadata.update(record.attributes)
+    return metadata
+
+
+def score_body(record: EvaluationRecord, score: Score, *, environment: str | None = None) -> dict[str, Any]:
+    """The JSON body of ``POST /api/public/scores`` for one score (``CreateScoreRequest``)."""
     body: dict[str, Any] = {
         "id": score_id(record, score),
         "traceId": record.trace_id_hex,
@@ -292,7 +315,7 @@ def score_body(record: EvaluationRecord, score: Score, *, environment: str | Non
         "name": result_name(record, score),
         "value": float(score.value) if score.value is not None else None,
         "dataType": "NUMERIC",
-        "metadata": metadata,
+        "metadata": score_metadata(record, score),
     }
     if score.explanation:
         body["comment"] = score.explanation
@@ -352,3 +375,156 @@ def langfuse_score_sink_from_env(
         environment=(env.get(ENV_ENVIRONMENT) or None),
         **options,
     )
+
+
+# --- joining the Langfuse SDK ---------------------------------------------------------------------------
+
+# The Langfuse SDK (v3+) sends spans through its own ``LangfuseSpanProcessor`` and, by default, only those
+# from Langfuse, with ``gen_ai.*`` attributes, or from known LLM instrumentation scopes: streamjudge's stream
+# and checkpoint spans would be dropped, leaving its evaluator spans without their parents.
+_SDK_PROCESSOR_CLASS = "LangfuseSpanProcessor"
+_ADOPTED = "__streamjudge_adopted__"
+
+
+def is_streamjudge_span(span: ReadableSpan) -> bool:
+    """Whether ``span`` was made by streamjudge (stream, checkpoint and evaluator spans)."""
+    scope = span.instrumentation_scope
+    return scope is not None and scope.name == semconv.TRACER_NAME
+
+
+def should_export_span(span: ReadableSpan) -> bool:
+    """A ``should_export_span`` for the Langfuse SDK: its default filter plus streamjudge's spans.
+
+    ``configure()`` installs it on an SDK processor that uses the default filter. With a filter of your
+    own, accept streamjudge's spans in it::
+
+        from streamjudge.exporters.langfuse import is_streamjudge_span
+        Langfuse(should_export_span=lambda span: mine(span) or is_streamjudge_span(span))
+    """
+    from langfuse.span_filter import is_default_export_span
+
+    return is_streamjudge_span(span) or is_default_export_span(span)
+
+
+setattr(should_export_span, _ADOPTED, True)
+
+
+def langfuse_sdk_processors(processor: object) -> list[SpanProcessor]:
+    """The Langfuse SDK span processors reachable from ``processor`` (a provider's active processor or any
+    composite of processors), found by class so that the SDK need not be importable."""
+    found: list[SpanProcessor] = []
+    seen: set[int] = set()
+    todo = [processor]
+    while todo:
+        p = todo.pop()
+        if p is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        cls = type(p)
+        if cls.__name__ == _SDK_PROCESSOR_CLASS and cls.__module__.startswith("langfuse."):
+            found.append(p)  # type: ignore[arg-type]
+            continue
+        # composites: the SDK's multi processors, and streamjudge's judge processor (its export path)
+        todo.extend(getattr(p, "_span_processors", ()) or ())
+        todo.append(getattr(p, "_downstream", None))
+    return found
+
+
+def adopt_langfuse_sdk(provider: object) -> list[SpanProcessor]:
+    """Let the Langfuse SDK processors of ``provider`` export streamjudge's spans; return the processors.
+
+    A processor on the SDK's default filter gets :func:`should_export_span`. One with a filter of the
+    application's own is left alone (the application chose what Langfuse receives), with a log line saying
+    how to include streamjudge's spans.
+    """
+    processors = langfuse_sdk_processors(getattr(provider, "_active_span_processor", None))
+    if not processors:
+        return []
+    try:
+        from langfuse.span_filter import is_default_export_span
+    except ImportError:  # an SDK too old to filter exports every span already
+        return processors
+    for p in processors:
+        current = getattr(p, "_should_export_span", None)
+        if current is None or getattr(current, _ADOPTED, False) or getattr(p, _ADOPTED, False):
+            continue
+        setattr(p, _ADOPTED, True)
+        if current is is_default_export_span:
+            # the SDK keeps the filter in an attribute it reads on every span start and end
+            p._should_export_span = should_export_span  # type: ignore[attr-defined]
+            _logger.info("streamjudge: the Langfuse SDK processor now also exports streamjudge's spans")
+        else:
+            _logger.warning(
+                "streamjudge: the Langfuse SDK uses the application's should_export_span; "
+                "streamjudge's spans reach Langfuse only if it accepts them "
+                "(see streamjudge.exporters.langfuse.is_streamjudge_span)"
+            )
+    return processors
+
+
+class LangfuseClientScoreSink:
+    """Scores through the Langfuse SDK client the application already uses (``Langfuse.create_score``).
+
+    ``create_score`` only queues: the SDK's own thread posts the scores, with the SDK's credentials and
+    retries. Score ids are the same deterministic ids as :class:`LangfuseScoreSink`'s, so a score sent by
+    both, or twice, is stored once.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._flushing = threading.local()
+
+    @classmethod
+    def for_processor(cls, processor: SpanProcessor) -> LangfuseClientScoreSink | None:
+        """The sink for the client that owns an SDK span processor (found by its public key)."""
+        try:
+            from langfuse import get_client
+
+            return cls(get_client(public_key=getattr(processor, "public_key", None)))
+        except Exception as exc:  # no usable client: the app's spans still flow, scores stay on them
+            _logger.warning("streamjudge: no Langfuse SDK client for scores (%s)", exc)
+            return None
+
+    def emit(self, record: EvaluationRecord) -> None:
+        """Queue each score of ``record`` in the SDK client."""
+        for score in record.scores:
+            if score.value is None:
+                continue
+            try:
+                self._client.create_score(
+                    name=result_name(record, score),
+                    value=float(score.value),
+                    trace_id=record.trace_id_hex,
+                    observation_id=record.span_id_hex,
+                    score_id=score_id(record, score),
+                    data_type="NUMERIC",
+                    comment=score.explanation or None,
+                    metadata=score_metadata(record, score),
+                )
+            except Exception:  # never raise into the judge pool
+                _logger.exception("streamjudge: the Langfuse client refused a score")
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Have the client send what it queued.
+
+        ``Langfuse.flush()`` first flushes the tracer provider, which flushes streamjudge's processor and so
+        this sink again: the nested call returns at once.
+        """
+        if getattr(self._flushing, "active", False):
+            return True
+        self._flushing.active = True
+        try:
+            self._client.flush()
+            return True
+        except Exception:
+            _logger.exception("streamjudge: flushing the Langfuse client failed")
+            return False
+        finally:
+            self._flushing.active = False
+
+    def shutdown(self) -> None:
+        """Nothing to release: the application owns the client (the SDK flushes it at exit)."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"LangfuseClientScoreSink(public_key={getattr(self._client, '_public_key', '?')!r})"

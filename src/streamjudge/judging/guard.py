@@ -205,6 +205,7 @@ class GuardSession:
     def start(self) -> list[StreamEvent]:
         """Open the stream span, resolve the question and contexts, run the pre-flight gate."""
         rt = self._runtime
+        rt.check_provider()
         self._start_ns = self._start_ns or time.time_ns()
         self._window_start_ns = self._start_ns
         attrs: dict[str, AttributeValue] = {

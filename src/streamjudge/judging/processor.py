@@ -133,6 +133,15 @@ class JudgeSpanProcessor(SpanProcessor):
 
     # --- SpanProcessor -----------------------------------------------------------------------------
 
+    @property
+    def sinks(self) -> tuple[EvaluationSink, ...]:
+        """Where evaluation records go besides the spans."""
+        return self._sinks
+
+    def add_sink(self, sink: EvaluationSink) -> None:
+        """Send evaluation records to ``sink`` as well, from the next judgement on."""
+        self._sinks = (*self._sinks, sink)  # one assignment: the pool thread sees the old or the new tuple
+
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         if self._downstream is not None:
             self._downstream.on_start(span, parent_context=parent_context)
