@@ -230,7 +230,12 @@ async def itl_guarded(toks: list[str], delay: float, ctx: tuple[str, ...]) -> li
     return gaps[1:]
 
 
-def bench_itl(samples: list[tuple[str, str, bool]], n_streams: int, delay: float) -> dict[str, Any]:
+def bench_itl(
+    samples: list[tuple[str, str, bool]], n_streams: int, delay: float, n_naive: int
+) -> dict[str, Any]:
+    """p99 is the 1% slowest gaps, and about one gap in thirty follows a checkpoint: thousands of gaps
+    (streams interleaved with their no-judge runs) keep the ratio from being one noisy sample. The naive
+    loop, 200 ms at each sentence end, runs on the first ``n_naive`` streams only."""
     judge = SlowJudge(0.2)
     rt = streamjudge.configure(
         Settings(end_wait_s=0.0), downstream=_Discard(), judge=judge, set_global=False
@@ -239,10 +244,11 @@ def bench_itl(samples: list[tuple[str, str, bool]], n_streams: int, delay: float
     naive: list[float] = []
     ours: list[float] = []
     try:
-        for ctx, answer, _bad in samples[:n_streams]:
+        for i, (ctx, answer, _bad) in enumerate(samples[:n_streams]):
             toks = tokenize(answer)
             base += asyncio.run(itl_no_judge(toks, delay))
-            naive += asyncio.run(itl_naive(toks, delay, (ctx,), judge))
+            if i < n_naive:
+                naive += asyncio.run(itl_naive(toks, delay, (ctx,), judge))
             ours += asyncio.run(itl_guarded(toks, delay, (ctx,)))
     finally:
         rt.shutdown()
@@ -256,6 +262,7 @@ def bench_itl(samples: list[tuple[str, str, bool]], n_streams: int, delay: float
         "itl_p99_ms_naive": round(pct(naive, 99) * ms, 3),
         "itl_p50_ms_streamjudge": round(pct(ours, 50) * ms, 3),
         "itl_p99_ms_streamjudge": round(pct(ours, 99) * ms, 3),
+        "itl_p95_ratio_vs_no_judge": round(pct(ours, 95) / pct(base, 95), 3),
         "itl_p99_ratio_vs_no_judge": round(pct(ours, 99) / pct(base, 99), 3),
         "itl_p99_ratio_naive_vs_no_judge": round(pct(naive, 99) / pct(base, 99), 3),
     }
@@ -359,7 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"quick": q, "data": "faithbench-dev" if DATA.exists() else "built-in"}
     sections = (
         ("hot path", lambda: bench_hot_path(samples, repeats=3 if q else 7)),
-        ("inter-token latency", lambda: bench_itl(samples, n_streams=12 if q else 40, delay=0.005)),
+        (
+            "inter-token latency",
+            lambda: bench_itl(samples, n_streams=40 if q else 120, delay=0.005, n_naive=12 if q else 40),
+        ),
         ("time to alert", lambda: bench_alerts(samples, n_streams=10 if q else 30, delay=0.002)),
         ("judge pool", lambda: bench_pool(0.3, rounds=3 if q else 6)),
     )

@@ -822,7 +822,11 @@ class GuardedStream:
         loop = asyncio.get_running_loop()
         waker = _AsyncWaker(loop)
         s.set_notify(waker.notify)
-        s.set_deferral(loop.call_soon)
+        # checkpoint-span work waits here until the next token has been asked for: scheduled before that, it
+        # would run ahead of a racing source task's first step and push back the source's own timer
+        deferred: list[Callable[[], None]] = []
+        s.set_deferral(deferred.append)
+        call_soon = loop.call_soon
         source: AsyncIterator[Any] = _to_async(self._source)
         nxt: asyncio.Future[Any] | None = None
         outcome = "completed"
@@ -859,6 +863,8 @@ class GuardedStream:
                     break
                 if not pending and nxt is None and not s.preflight_pending:
                     # the fast path: nothing in flight, just the next token
+                    if deferred:
+                        call_soon(deferred.pop())
                     try:
                         tok = await source.__anext__()
                     except StopAsyncIteration:
@@ -868,6 +874,8 @@ class GuardedStream:
                     if nxt is None:
                         nxt_started = perf_counter()
                         nxt = asyncio.ensure_future(source.__anext__())
+                    if deferred:
+                        call_soon(deferred.pop())  # after the source task's first step
                     if not nxt.done():
                         await waker.wait(nxt, None)
                         if not nxt.done():
@@ -879,12 +887,16 @@ class GuardedStream:
                         break
                     slow = perf_counter() - nxt_started > _RACE_GAP_S
                 elif nxt is not None:
+                    if deferred:
+                        call_soon(deferred.pop())
                     fut, nxt = nxt, None
                     try:
                         tok = await fut
                     except StopAsyncIteration:
                         break
                 else:
+                    if deferred:
+                        call_soon(deferred.pop())
                     t0 = perf_counter()
                     try:
                         tok = await source.__anext__()
@@ -912,6 +924,8 @@ class GuardedStream:
                 outcome = "stopped"
             else:
                 s.close_tail()
+                while deferred:  # no next token to wait for: the last checkpoint spans end now
+                    deferred.pop()()
                 deadline = loop.time() + s.settings.end_wait_s
                 while not s.stopped:
                     if s.has_events:
