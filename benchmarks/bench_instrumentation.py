@@ -7,7 +7,10 @@ process, streamed over SSE by concurrent HTTP clients for a fixed time:
 - ``openinference``: the OpenTelemetry SDK exporting OTLP/HTTP, FastAPI request spans (no per-chunk send
   spans) and openinference's LangChain instrumentation — the usual baseline;
 - ``streamjudge``: the same plus streamjudge (node attributes, context capture, stream and checkpoint spans,
-  the judge processor in the export path, local judge on every checkpoint and the final answer).
+  the judge processor in the export path, local judge on every checkpoint and the final answer);
+- ``streamjudge_unjudged``: streamjudge with ``STREAMJUDGE_SAMPLE_RATE=0``: every span and the guard, no judge
+  call — what the instrumentation costs apart from the local judge's own CPU (which an LLM judge moves to
+  another machine).
 
 Spans go to a local OTLP/HTTP sink that answers 200 without decoding (so the client process stays cheap).
 Tokens are produced without delay, so the numbers measure CPU overhead per request (the worst case).
@@ -41,7 +44,7 @@ QUESTIONS = (
     "How large is the Great Barrier Reef?",
     "Which capital cities does the Danube pass through?",
 )
-MODES = ("none", "openinference", "streamjudge")
+MODES = ("none", "openinference", "streamjudge", "streamjudge_unjudged")
 
 # runs inside the server process: set telemetry up for MODE, then serve the example app
 _SERVER = r"""
@@ -149,6 +152,8 @@ def run_mode(mode: str, sink_endpoint: str, seconds: float, concurrency: int) ->
         "OTEL_SERVICE_NAME": f"bench-{mode}",
         "STREAMJUDGE_JUDGE": "local",
     }
+    if mode == "streamjudge_unjudged":
+        env["STREAMJUDGE_SAMPLE_RATE"] = "0"
     proc = subprocess.Popen([sys.executable, "-c", _SERVER, mode, str(port), str(APP_DIR)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -188,6 +193,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sink.shutdown()
         sink.server_close()
     oi, sj, none = results["openinference"], results["streamjudge"], results["none"]
+    unjudged = results["streamjudge_unjudged"]
     out: dict[str, Any] = {
         "benchmark": "instrumentation_overhead",
         "seconds_per_mode": args.seconds,
@@ -196,6 +202,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratios": {
             "streamjudge_vs_openinference_rps": round(sj["requests_per_s"] / oi["requests_per_s"], 4),
             "streamjudge_vs_openinference_tokens": round(sj["tokens_per_s"] / oi["tokens_per_s"], 4),
+            "streamjudge_unjudged_vs_openinference_rps": round(
+                unjudged["requests_per_s"] / oi["requests_per_s"], 4
+            ),
             "streamjudge_vs_none_rps": round(sj["requests_per_s"] / none["requests_per_s"], 4),
             "openinference_vs_none_rps": round(oi["requests_per_s"] / none["requests_per_s"], 4),
         },
@@ -207,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         for m in MODES:
             r = results[m]
-            print(f"{m:14s} {r['requests_per_s']:8.2f} req/s {r['tokens_per_s']:9.1f} tok/s "
+            print(f"{m:21s} {r['requests_per_s']:8.2f} req/s {r['tokens_per_s']:9.1f} tok/s "
                   f"p50 {r['p50_ms']:7.2f} ms p95 {r['p95_ms']:7.2f} ms ({r['requests']} requests)")
         for k, v in out["ratios"].items():
             print(f"{k:40s} {v:.4f}")

@@ -102,7 +102,7 @@ class JudgePool:
         max_queue_wait_s: float = 60.0,
         cpu_share: float = 0.0,
         cpu_burst_s: float = 0.05,
-        linger_s: float = 0.05,
+        linger_s: float = 0.0,
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
         self._concurrency = concurrency
