@@ -8,6 +8,7 @@ that every option has one documented place.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -78,6 +79,9 @@ class Settings:
     window_chars: int = 200
     checkpoint_every: int = 0
     checkpoint_metrics: tuple[str, ...] = (semconv.FAITHFULNESS,)
+    # GEval rubrics for the deepeval judge: metric name -> evaluation steps (added to the built-in ones);
+    # a rubric is scored when its name is in ``final_metrics`` / ``checkpoint_metrics``
+    geval_rubrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     final_metrics: tuple[str, ...] = (
         semconv.FAITHFULNESS,
         semconv.ANSWER_RELEVANCY,
@@ -203,6 +207,36 @@ def _thresholds(var: str, raw: str) -> dict[str, float]:
     return out
 
 
+def _rubrics(var: str, raw: str) -> dict[str, tuple[str, ...]]:
+    """Inline JSON (``{"tone": ["step", ...]}``) or the path of a JSON file holding that object."""
+    text = raw.strip()
+    if not text.startswith(("{", "[")):
+        try:
+            with open(os.path.expanduser(text), encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise ConfigError(f"{var}: cannot read the rubrics file {raw!r} ({exc.strerror})") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{var}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{var}: expected an object of rubric name -> list of evaluation steps")
+    out: dict[str, tuple[str, ...]] = {}
+    for name, steps in data.items():
+        if isinstance(steps, str):
+            steps = [steps]
+        if (
+            not name.strip()
+            or not isinstance(steps, list)
+            or not steps
+            or not all(isinstance(x, str) and x.strip() for x in steps)
+        ):
+            raise ConfigError(f"{var}: rubric {name!r} needs a non-empty list of non-empty evaluation steps")
+        out[name.strip()] = tuple(x.strip() for x in steps)
+    return out
+
+
 def _terminal_frames(var: str, raw: str) -> tuple[str, ...]:
     # "none" says "hold nothing back" (an empty variable means "default", like every other option)
     return () if raw.strip().lower() == "none" else _csv(raw)
@@ -223,6 +257,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "checkpoint_every": ("CHECKPOINT_EVERY", _int),
     "checkpoint_metrics": ("CHECKPOINT_METRICS", "csv"),
     "final_metrics": ("FINAL_METRICS", "csv"),
+    "geval_rubrics": ("GEVAL_RUBRICS", _rubrics),
     "preflight": ("PREFLIGHT", _bool),
     "preflight_threshold": ("PREFLIGHT_THRESHOLD", _float),
     "preflight_action": ("PREFLIGHT_ACTION", None),

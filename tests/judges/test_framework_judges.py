@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from judgecases import GOOD, HALLUCINATED, INJECTED, item, run
 from scripted_server import ScriptedLLMServer
 
-from streamjudge.config import load_settings
+from streamjudge.config import ConfigError, load_settings
 from streamjudge.judging.base import JudgeError, JudgeResult, TransientJudgeError
 from streamjudge.judging.judges import create_judge
 from streamjudge.judging.judges._prompts import DataFence
@@ -134,6 +136,39 @@ def test_deepeval_scores_all_metrics_and_rubrics(llm_server: ScriptedLLMServer, 
     assert res.get("nope").skipped == "unsupported_metric"
     assert not any(t == "unknown" for t in llm_server.brain.tasks)
     assert res.usage.calls == len(llm_server.requests) == 9
+
+
+def test_deepeval_scores_a_rubric_configured_by_environment(
+    llm_server: ScriptedLLMServer, tmp_path: Path
+) -> None:
+    rubrics = tmp_path / "rubrics.json"
+    steps = ["Read the answer.", "RUBRIC-STEP-7: no outside facts."]
+    rubrics.write_text(json.dumps({"cites_only_context": steps}))
+    s = load_settings({"EVAL_PROVIDER": "openai", "EVAL_MODEL": "judge-model",
+                       "EVAL_BASE_URL": llm_server.openai_base_url, "STREAMJUDGE_GEVAL_RUBRICS": str(rubrics)})
+    judge = create_judge("deepeval", s)
+    res = run(judge, item(HALLUCINATED), ("cites_only_context", "geval_groundedness"))
+    assert res.get("cites_only_context").value == pytest.approx(0.2)  # the scripted model's low rubric score
+    assert res.get("geval_groundedness").value == pytest.approx(0.2)  # the built-in rubric is still there
+    assert any("RUBRIC-STEP-7" in json.dumps(r["body"]) for r in llm_server.requests)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ('{"tone": []}', "non-empty list"),
+        ('{"tone": ["ok", ""]}', "non-empty list"),
+        ("[1, 2]", "expected an object"),
+        ("{not json", "not valid JSON"),
+        ("/nonexistent/rubrics.json", "cannot read"),
+    ],
+)
+def test_rubric_settings_are_checked(raw: str, message: str) -> None:
+    with pytest.raises(ConfigError, match="STREAMJUDGE_GEVAL_RUBRICS") as err:
+        load_settings({"STREAMJUDGE_GEVAL_RUBRICS": raw})
+    assert message in str(err.value)
+    inline = load_settings({"STREAMJUDGE_GEVAL_RUBRICS": '{"tone": "Is the tone neutral?"}'})
+    assert inline.geval_rubrics == {"tone": ("Is the tone neutral?",)}
 
 
 def test_deepeval_faithfulness_calls_with_and_without_reason(llm_server: ScriptedLLMServer) -> None:

@@ -139,8 +139,8 @@ class DeepEvalJudge:
 
     @classmethod
     def from_settings(cls, settings: Settings, tier: Tier = "final") -> DeepEvalJudge:
-        """A judge on the checkpoint or final judge-LLM settings."""
-        return cls(llm_settings_for(settings, tier))
+        """A judge on the checkpoint or final judge-LLM settings, with the configured GEval rubrics."""
+        return cls(llm_settings_for(settings, tier), rubrics={**DEFAULT_RUBRICS, **settings.geval_rubrics})
 
     def _metric(self, metric: str, model: Any) -> Any:
         dm = self._dm
