@@ -79,6 +79,7 @@ class Runtime:
         # the Langfuse SDK may set itself up after streamjudge (an app calling Langfuse() at import, under
         # opentelemetry-instrument): each stream start compares the provider's processors with these
         self._seen_processors: object = None
+        self._provider_lock = threading.Lock()
         self._langfuse_exporter: LangfuseSpanExporter | None = None
         self._langfuse_joined = False
 
@@ -120,9 +121,10 @@ class Runtime:
         current = getattr(active, "_span_processors", None)
         if current is self._seen_processors:
             return
-        self._seen_processors = current
-        if not self._langfuse_joined:
-            self._join_langfuse_sdk()
+        with self._provider_lock:  # streams may start on several threads (sync drivers)
+            self._seen_processors = current
+            if not self._langfuse_joined:
+                self._join_langfuse_sdk()
 
     def _join_langfuse_sdk(self) -> bool:
         """Make the Langfuse SDK's processor export our spans, stop our own Langfuse exporter sending what
