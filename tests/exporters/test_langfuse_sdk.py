@@ -100,7 +100,9 @@ def test_joins_the_langfuse_sdk(variant: str) -> None:
         for (obs, name), v in by_target.items()
         if obs in checkpoint_ids and name == "checkpoint.faithfulness"
     ]
-    assert sorted(low)[0] < 0.7 <= sorted(low)[-1], by_target
+    # the pool may coalesce the first checkpoint into the second (superseded): the failing one is judged
+    assert low and min(low) < 0.7, by_target
+    assert {obs for obs, _name in by_target} <= checkpoint_ids | {stream.span_id.hex()}
     assert by_target[(stream.span_id.hex(), semconv.FAITHFULNESS)] < 0.7
     if variant == "sdk_in_code":
         # no LANGFUSE_* keys for streamjudge: the scores went through the application's SDK client
