@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from collections.abc import Sequence
@@ -193,12 +194,22 @@ _lock = threading.Lock()
 _runtime: Runtime | None = None
 
 
-def _env_exporters() -> list[SpanExporter]:
-    """Span exporters to the backends configured by environment variables (Langfuse, Phoenix)."""
-    from streamjudge.exporters.langfuse import langfuse_exporter_from_env
-    from streamjudge.exporters.phoenix import phoenix_exporter_from_env
+def _env_exporters(provider: SDKTracerProvider | None) -> list[SpanExporter]:
+    """Span exporters to the backends configured by environment variables (Langfuse, Phoenix).
 
-    return [e for e in (langfuse_exporter_from_env(), phoenix_exporter_from_env()) if e is not None]
+    None to a backend the application already exports to with its SDK (the Langfuse SDK's processor,
+    ``phoenix.otel``'s): a second exporter would send every span there twice.
+    """
+    from streamjudge.exporters.langfuse import langfuse_exporter_from_env, langfuse_sdk_processors
+    from streamjudge.exporters.phoenix import phoenix_exporter_from_env, phoenix_otel_processors
+
+    active = provider._active_span_processor if provider is not None else None
+    out: list[SpanExporter | None] = []
+    if not langfuse_sdk_processors(active):
+        out.append(langfuse_exporter_from_env())
+    if not phoenix_otel_processors(active):
+        out.append(phoenix_exporter_from_env())
+    return [e for e in out if e is not None]
 
 
 def _env_sinks() -> list[EvaluationSink]:
@@ -222,6 +233,23 @@ def get_runtime(create: bool = False) -> Runtime:
 def current_runtime() -> Runtime | None:
     """The process's runtime, or None when none was configured."""
     return _runtime
+
+
+def _add_span_processor(provider: SDKTracerProvider, processor: SpanProcessor) -> None:
+    """Add ``processor`` beside the provider's own.
+
+    ``phoenix.otel``'s TracerProvider shuts its exporting processor down when another one is added, unless
+    told to keep it: joining it must not silence the application's Phoenix tracing.
+    """
+    try:
+        params = inspect.signature(provider.add_span_processor).parameters
+        keeps_default = "replace_default_processor" in params
+    except (TypeError, ValueError):
+        keeps_default = False
+    if keeps_default:
+        provider.add_span_processor(processor, replace_default_processor=False)  # type: ignore[call-arg]
+    else:
+        provider.add_span_processor(processor)
 
 
 def configure(
@@ -285,16 +313,9 @@ def configure(
         current = trace.get_tracer_provider()
         if isinstance(current, SDKTracerProvider):
             tracer_provider = current
-    from streamjudge.exporters.langfuse import LangfuseSpanExporter, langfuse_sdk_processors
+    from streamjudge.exporters.langfuse import LangfuseSpanExporter
 
-    # an app tracing with the Langfuse SDK already exports to Langfuse: a second exporter would send
-    # every span twice (the runtime joins the SDK's processor below instead)
-    sdk_present = tracer_provider is not None and bool(
-        langfuse_sdk_processors(tracer_provider._active_span_processor)
-    )
-    env_exporters = _env_exporters() if backends_from_env else []
-    if sdk_present:
-        env_exporters = [e for e in env_exporters if not isinstance(e, LangfuseSpanExporter)]
+    env_exporters = _env_exporters(tracer_provider) if backends_from_env else []
     if sinks is None:
         sinks = _env_sinks() if backends_from_env else []
     owns_provider = tracer_provider is None
@@ -320,7 +341,7 @@ def configure(
         logger_provider=logger_provider,
         meter_provider=meter_provider,
     )
-    tracer_provider.add_span_processor(processor)
+    _add_span_processor(tracer_provider, processor)
     for exp in env_exporters:
         # owning: the backend gets the enriched spans; beside an app's processors: the raw spans, like
         # the app's own exporters (take_over_export later moves them behind the judge processor)
@@ -330,7 +351,7 @@ def configure(
             multi.add_span_processor(BatchSpanProcessor(exp))
             processor._downstream = multi
         else:
-            tracer_provider.add_span_processor(BatchSpanProcessor(exp))
+            _add_span_processor(tracer_provider, BatchSpanProcessor(exp))
     rt = Runtime(
         settings,
         tracer_provider=tracer_provider,

@@ -1,4 +1,5 @@
-"""The contract between the processor and the places evaluation results go (Langfuse, Phoenix, console).
+"""The contract between the processor and the places evaluation results go (Langfuse, Phoenix, console),
+and how vendor SDK processors already in a provider are found.
 
 The processor calls :meth:`EvaluationSink.emit` from the judge pool's thread for every judged span. A sink
 must return at once (queue and send in the background), must never raise into the caller and must never
@@ -7,8 +8,11 @@ block the pool.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from opentelemetry.sdk.trace import SpanProcessor
 
 from streamjudge.judging.base import Score, Usage
 
@@ -53,3 +57,25 @@ class EvaluationSink(Protocol):
     def shutdown(self) -> None:
         """Flush and release resources."""
         ...
+
+
+def find_span_processors(root: object, match: Callable[[type], bool]) -> list[SpanProcessor]:
+    """The span processors reachable from ``root`` (a provider's active processor, a composite, or
+    streamjudge's judge processor and its export path) whose class satisfies ``match``.
+
+    Vendor SDKs (Langfuse, Phoenix) are recognised by class so that they need not be importable.
+    """
+    found: list[SpanProcessor] = []
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        p = todo.pop()
+        if p is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        if match(type(p)):
+            found.append(p)  # type: ignore[arg-type]
+            continue
+        todo.extend(getattr(p, "_span_processors", ()) or ())  # the SDK's composite processors
+        todo.append(getattr(p, "_downstream", None))  # the judge processor's export path
+    return found

@@ -55,7 +55,7 @@ from opentelemetry.util.types import AttributeValue
 from streamjudge import semconv
 from streamjudge._spans import copy_span
 from streamjudge.exporters._bridge import BridgeSink, HttpBridge, JsonRequest, Secret, result_name
-from streamjudge.exporters.base import EvaluationRecord
+from streamjudge.exporters.base import EvaluationRecord, find_span_processors
 from streamjudge.judging.base import Score
 
 _logger = logging.getLogger(__name__)
@@ -412,22 +412,9 @@ setattr(should_export_span, _ADOPTED, True)
 def langfuse_sdk_processors(processor: object) -> list[SpanProcessor]:
     """The Langfuse SDK span processors reachable from ``processor`` (a provider's active processor or any
     composite of processors), found by class so that the SDK need not be importable."""
-    found: list[SpanProcessor] = []
-    seen: set[int] = set()
-    todo = [processor]
-    while todo:
-        p = todo.pop()
-        if p is None or id(p) in seen:
-            continue
-        seen.add(id(p))
-        cls = type(p)
-        if cls.__name__ == _SDK_PROCESSOR_CLASS and cls.__module__.startswith("langfuse."):
-            found.append(p)  # type: ignore[arg-type]
-            continue
-        # composites: the SDK's multi processors, and streamjudge's judge processor (its export path)
-        todo.extend(getattr(p, "_span_processors", ()) or ())
-        todo.append(getattr(p, "_downstream", None))
-    return found
+    return find_span_processors(
+        processor, lambda cls: cls.__name__ == _SDK_PROCESSOR_CLASS and cls.__module__.startswith("langfuse.")
+    )
 
 
 def adopt_langfuse_sdk(provider: object) -> list[SpanProcessor]:

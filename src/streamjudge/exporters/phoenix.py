@@ -19,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
+from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from streamjudge.exporters._bridge import BridgeSink, HttpBridge, JsonRequest, Secret, result_name
-from streamjudge.exporters.base import EvaluationRecord
+from streamjudge.exporters.base import EvaluationRecord, find_span_processors
 from streamjudge.judging.base import Score
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:6006"
@@ -61,6 +62,11 @@ def phoenix_exporter_from_env(
     return OTLPSpanExporter(
         endpoint=phoenix_endpoint(env) + OTLP_TRACES_PATH, headers=_auth(env), timeout=timeout_s
     )
+
+
+def phoenix_otel_processors(processor: object) -> list[SpanProcessor]:
+    """The span processors of ``phoenix.otel`` (``register()``'s exporter) reachable from ``processor``."""
+    return find_span_processors(processor, lambda cls: cls.__module__.startswith("phoenix.otel"))
 
 
 def annotator_kind(judge: str) -> str:
