@@ -1,15 +1,23 @@
-"""A scripted HTTP server on 127.0.0.1 that records requests: the backend side of the bridge tests."""
+"""A scripted HTTP server on 127.0.0.1 that records requests (the backend side of the bridge tests), and
+helpers to decode what it received and to run a test application in its own process."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 
 @dataclass
@@ -102,3 +110,30 @@ def always(reply: Reply) -> Script:
 def sequence(*replies: Reply) -> Script:
     """The i-th request gets the i-th reply; later ones get the last."""
     return lambda _seen, i: replies[min(i, len(replies) - 1)]
+
+
+def otlp_spans(seen: list[Seen], path: str) -> list[Any]:
+    """The spans of every OTLP/HTTP protobuf export posted to ``path`` (gzip or not), in arrival order."""
+    out: list[Any] = []
+    for s in seen:
+        if s.path != path:
+            continue
+        body = gzip.decompress(s.body) if s.headers.get("content-encoding") == "gzip" else s.body
+        req = ExportTraceServiceRequest.FromString(body)
+        out += [sp for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans]
+    return out
+
+
+def run_app(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    """Run a test application script in its own process (one global tracer provider per process), with no
+    OTEL_/STREAMJUDGE_/LANGFUSE_/PHOENIX_ variable of this process leaking in; fail with its stderr."""
+    own = ("OTEL_", "STREAMJUDGE_", "LANGFUSE_", "PHOENIX_")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(own)}
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        env=clean | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]

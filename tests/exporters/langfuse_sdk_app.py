@@ -11,23 +11,13 @@ Run as a script, in its own process (one global tracer provider per process)::
 
 from __future__ import annotations
 
-import asyncio
 import sys
-from collections.abc import AsyncIterator
 
 from langfuse import Langfuse
+from sdk_stream import stream_answer  # next to this script
 
 import streamjudge
 from streamjudge.config import Settings
-
-CONTEXT = "The company was founded in 1998 in Palo Alto by two graduate students."
-# the second sentence is not in the context: its checkpoint fails
-ANSWER = "The company was founded in 1998 in Palo Alto. It later expanded to Europe in 2003."
-
-
-async def tokens() -> AsyncIterator[str]:
-    for word in ANSWER.split(" "):
-        yield word + " "
 
 
 def main(variant: str, base_url: str) -> None:
@@ -44,11 +34,7 @@ def main(variant: str, base_url: str) -> None:
     else:
         raise SystemExit(f"unknown variant {variant!r}")
 
-    async def stream() -> None:
-        async for _event in streamjudge.guard(tokens(), question="When was it founded?", contexts=[CONTEXT]):
-            pass
-
-    asyncio.run(stream())
+    stream_answer()
     assert rt.force_flush(10_000)
     client.flush()
     client.shutdown()

@@ -10,23 +10,14 @@ Run as a script, in its own process (one global tracer provider per process)::
 
 from __future__ import annotations
 
-import asyncio
 import sys
-from collections.abc import AsyncIterator
 
 from opentelemetry import trace
 from phoenix.otel import register
+from sdk_stream import stream_answer  # next to this script
 
 import streamjudge
 from streamjudge.config import Settings
-
-CONTEXT = "The company was founded in 1998 in Palo Alto by two graduate students."
-ANSWER = "The company was founded in 1998 in Palo Alto. It later expanded to Europe in 2003."
-
-
-async def tokens() -> AsyncIterator[str]:
-    for word in ANSWER.split(" "):
-        yield word + " "
 
 
 def main(variant: str, url: str) -> None:
@@ -38,14 +29,7 @@ def main(variant: str, url: str) -> None:
         raise SystemExit(f"unknown variant {variant!r}")
     rt = streamjudge.configure(Settings(window_sentences=1))
     with trace.get_tracer("app").start_as_current_span("app.request"):  # the app's own span
-
-        async def stream() -> None:
-            async for _event in streamjudge.guard(
-                tokens(), question="When was it founded?", contexts=[CONTEXT]
-            ):
-                pass
-
-        asyncio.run(stream())
+        stream_answer()
     assert rt.force_flush(10_000)
     provider.force_flush()
     rt.shutdown()

@@ -8,20 +8,15 @@ and the scores, whichever of the two was set up first.
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from streamjudge import semconv
 
-from ._http import Reply, Seen, serve
+from ._http import Reply, Seen, otlp_spans, run_app, serve
 
 pytest.importorskip("langfuse")
 
@@ -32,17 +27,6 @@ SCORES = "/api/public/scores"
 
 def _reply(seen: Seen, _index: int) -> Reply:
     return Reply(200, b'{"id": "score"}' if seen.path.startswith(SCORES) else b"")
-
-
-def _spans(seen: list[Seen]) -> list[Any]:
-    out = []
-    for s in seen:
-        if s.path != OTLP:
-            continue
-        body = gzip.decompress(s.body) if s.headers.get("content-encoding") == "gzip" else s.body
-        req = ExportTraceServiceRequest.FromString(body)
-        out += [sp for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans]
-    return out
 
 
 def _scores(seen: list[Seen]) -> list[dict[str, Any]]:
@@ -57,30 +41,21 @@ def _scores(seen: list[Seen]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("variant", ["sdk_first", "streamjudge_first", "sdk_in_code"])
 def test_joins_the_langfuse_sdk(variant: str) -> None:
     with serve(_reply) as backend:
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("LANGFUSE_", "OTEL_", "STREAMJUDGE_"))
-        }
+        env = {}
         if variant != "sdk_in_code":
-            env |= {
+            env = {
                 "LANGFUSE_PUBLIC_KEY": "pk-lf-env",
                 "LANGFUSE_SECRET_KEY": "sk-lf-env",
                 "LANGFUSE_BASE_URL": backend.url,
             }
-        proc = subprocess.run(
-            [sys.executable, str(APP), variant, backend.url],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        run_app(APP, variant, backend.url, env=env)
         seen = list(backend.seen)
 
     otlp = [s for s in seen if s.path == OTLP]
     assert otlp, [s.path for s in seen]
     # one exporter to Langfuse: the SDK's (streamjudge's own would send every span a second time)
     assert all(s.headers.get("x-langfuse-sdk-name") == "python" for s in otlp)
-    spans = _spans(seen)
+    spans = otlp_spans(seen, OTLP)
     ids = [sp.span_id.hex() for sp in spans]
     assert len(ids) == len(set(ids)), "a span reached Langfuse twice"
     (stream,) = [sp for sp in spans if sp.name == semconv.SPAN_STREAM]

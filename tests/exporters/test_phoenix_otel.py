@@ -7,19 +7,13 @@ exporter. Joining it must leave the app's Phoenix tracing working and send every
 
 from __future__ import annotations
 
-import gzip
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from streamjudge import semconv
 
-from ._http import Reply, Seen, serve
+from ._http import Reply, Seen, otlp_spans, run_app, serve
 
 pytest.importorskip("phoenix.otel")
 
@@ -30,35 +24,14 @@ def _reply(seen: Seen, _index: int) -> Reply:
     return Reply(200, b"{}" if "annotations" in seen.path else b"")
 
 
-def _spans(seen: list[Seen]) -> list[Any]:
-    out = []
-    for s in seen:
-        if s.path != "/v1/traces":
-            continue
-        body = gzip.decompress(s.body) if s.headers.get("content-encoding") == "gzip" else s.body
-        req = ExportTraceServiceRequest.FromString(body)
-        out += [sp for rs in req.resource_spans for ss in rs.scope_spans for sp in ss.spans]
-    return out
-
-
 @pytest.mark.parametrize("variant", ["register_in_code", "register_from_env"])
 def test_joins_phoenix_register_without_silencing_or_doubling_it(variant: str) -> None:
     with serve(_reply) as phoenix:
-        own = ("PHOENIX_", "OTEL_", "STREAMJUDGE_", "LANGFUSE_")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(own)}
-        if variant == "register_from_env":
-            env["PHOENIX_COLLECTOR_ENDPOINT"] = phoenix.url
-        proc = subprocess.run(
-            [sys.executable, str(APP), variant, phoenix.url],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        env = {"PHOENIX_COLLECTOR_ENDPOINT": phoenix.url} if variant == "register_from_env" else {}
+        run_app(APP, variant, phoenix.url, env=env)
         seen = list(phoenix.seen)
 
-    spans = _spans(seen)
+    spans = otlp_spans(seen, "/v1/traces")
     names = [sp.name for sp in spans]
     # the app's own span still reaches Phoenix: streamjudge did not displace register()'s exporter
     assert "app.request" in names, names
