@@ -7,9 +7,12 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import pytest
+
 from _fakes import BrokenJudge, KeywordJudge, SyncKeywordJudge
 from conftest import Harness
 from streamjudge import RegenerateRequest, StreamEvent, guard, semconv
+from streamjudge.judging.guard import GuardSession
 
 CONTEXTS = ["The sky is blue. Grass is green. Water is wet."]
 GOOD = "The sky is blue. Grass is green. Water is wet. The sky is blue again. "
@@ -372,3 +375,38 @@ def test_a_warning_does_not_wait_for_a_slow_next_token(harness: Harness) -> None
 
     warned, last_token = asyncio.run(main())
     assert 0 < warned < last_token - 0.5
+
+
+def test_checkpoint_span_work_waits_until_the_next_token_was_asked_for(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # verdicts stay in flight (1 s judge) and the source is slow, so the guard races the next token against
+    # them: the span work of a closed checkpoint must run after the source's step for the next token has
+    # started (its own timer set), not ahead of it
+    harness.configure(KeywordJudge(delay_s=1.0), window_sentences=1, preflight=False, end_wait_s=0.0)
+    log: list[tuple[str, object]] = []
+    real_span = GuardSession._checkpoint_span
+
+    def span(self: GuardSession, attrs: dict[str, Any], start_ns: int, end_ns: int) -> None:
+        log.append(("span", attrs.get(semconv.CHECKPOINT_FINAL, False)))
+        real_span(self, attrs, start_ns, end_ns)
+
+    monkeypatch.setattr(GuardSession, "_checkpoint_span", span)
+
+    async def source() -> AsyncIterator[str]:
+        # the last two words keep the stream going after the last checkpoint that is not the tail
+        for w in (GOOD + "Done and done").split():
+            log.append(("step", w))
+            await asyncio.sleep(0.005)
+            yield w + " "
+
+    async def main() -> None:
+        async for ev in guard(source(), question="sky", contexts=CONTEXTS):
+            if ev.type == "token":
+                log.append(("token", ev.text))
+
+    asyncio.run(main())
+    mid = [i for i, (kind, final) in enumerate(log) if kind == "span" and not final]
+    assert len(mid) >= 3, log
+    for i in mid:
+        assert [k for k, _ in log[i - 2 : i]] == ["token", "step"], log[i - 3 : i + 1]

@@ -106,3 +106,31 @@ def test_own_exporter_defers_to_the_sdk_without_losing_spans_that_ended_before()
     # later one is the SDK's to send
     ours.export(finished.get_finished_spans())
     assert [s.name for s in sent.get_finished_spans()] == ["ended-before"]
+
+
+def test_an_application_filter_on_the_sdk_processor_is_left_alone(caplog: pytest.LogCaptureFixture) -> None:
+    from langfuse._client.span_processor import LangfuseSpanProcessor
+    from langfuse.span_filter import is_default_export_span
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from streamjudge.exporters.langfuse import adopt_langfuse_sdk, should_export_span
+
+    def mine(span: Any) -> bool:
+        return False
+
+    provider = TracerProvider()
+    kw = {"public_key": "pk", "secret_key": "sk", "base_url": "http://127.0.0.1:9"}
+    default = LangfuseSpanProcessor(**kw)
+    custom = LangfuseSpanProcessor(**kw, should_export_span=mine)
+    provider.add_span_processor(default)
+    provider.add_span_processor(custom)
+    try:
+        assert default._should_export_span is is_default_export_span
+        with caplog.at_level("WARNING", logger="streamjudge.exporters.langfuse"):
+            found = adopt_langfuse_sdk(provider)
+        assert {id(p) for p in found} == {id(default), id(custom)}
+        assert default._should_export_span is should_export_span
+        assert custom._should_export_span is mine  # the application chose what Langfuse receives
+        assert "is_streamjudge_span" in caplog.text
+    finally:
+        provider.shutdown()
