@@ -27,11 +27,17 @@ class TraceInputs:
 
 
 class ContextStore:
-    """A thread-safe LRU of :class:`TraceInputs` by trace id, bounded in entries and age."""
+    """A thread-safe LRU of :class:`TraceInputs` by trace id, bounded in entries, in chars and in age.
 
-    def __init__(self, max_traces: int = 10_000, ttl_s: float = 900.0) -> None:
+    Entries stay after their stream ended (nodes after the answer, the final pass and tests read them);
+    the char bound keeps requests with huge contexts from holding memory past it.
+    """
+
+    def __init__(self, max_traces: int = 10_000, ttl_s: float = 900.0, max_chars: int = 32_000_000) -> None:
         self._max = max_traces
         self._ttl = ttl_s
+        self._max_chars = max_chars
+        self._chars = 0
         self._lock = threading.Lock()
         self._data: OrderedDict[int, tuple[float, TraceInputs]] = OrderedDict()
         # a lock held by another thread at fork time would stay held forever in the child
@@ -57,6 +63,7 @@ class ContextStore:
         now = time.monotonic()
         with self._lock:
             old = self._data.pop(trace_id, (now, TraceInputs()))[1]
+            self._chars -= _chars(old)
             new = replace(
                 old,
                 question=question if question is not None else old.question,
@@ -65,6 +72,7 @@ class ContextStore:
                 session_id=session_id if session_id is not None else old.session_id,
             )
             self._data[trace_id] = (now, new)
+            self._chars += _chars(new)
             self._evict(now)
             return new
 
@@ -76,27 +84,40 @@ class ContextStore:
                 return None
             if time.monotonic() - item[0] > self._ttl:
                 del self._data[trace_id]
+                self._chars -= _chars(item[1])
                 return None
             return item[1]
 
     def discard(self, trace_id: int) -> None:
         """Forget ``trace_id``."""
         with self._lock:
-            self._data.pop(trace_id, None)
+            item = self._data.pop(trace_id, None)
+            if item is not None:
+                self._chars -= _chars(item[1])
+
+    @property
+    def chars(self) -> int:
+        """Chars of question, contexts and references held."""
+        return self._chars
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._data)
 
     def _evict(self, now: float) -> None:
-        while len(self._data) > self._max:
-            self._data.popitem(last=False)
+        while len(self._data) > self._max or (self._chars > self._max_chars and len(self._data) > 1):
+            self._chars -= _chars(self._data.popitem(last=False)[1][1])
         # entries are in insertion (= registration time) order, so expired ones sit at the front
         while self._data:
             first = next(iter(self._data.values()))
             if now - first[0] <= self._ttl:
                 break
-            self._data.popitem(last=False)
+            self._chars -= _chars(self._data.popitem(last=False)[1][1])
+
+
+def _chars(inputs: TraceInputs) -> int:
+    return (len(inputs.question or "") + sum(len(c) for c in inputs.contexts or ())
+            + len(inputs.reference or ""))
 
 
 _default = ContextStore()

@@ -112,6 +112,11 @@ class Settings:
     # tick takes the GIL from request handling (9% fewer requests/s at saturation with 0.05)
     judge_linger_s: float = 0.0
     hold_timeout_s: float = 60.0  # longest a judged span is held for its scores before export
+    # judge inputs over this many chars (contexts of a stream, a final answer) are not judged: a recorded
+    # skip instead of seconds of judge time and memory
+    max_judge_input_chars: int = 2_000_000
+    # text queued for judging across all streams, in chars (a bound by size, beside the count bound)
+    max_queue_chars: int = 64_000_000
     # content capture: off -> spans carry length + sha256 instead of the text
     capture_content: bool = True
     # texts on spans are capped (head … tail) so a runaway answer cannot blow up exporter memory
@@ -275,6 +280,8 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "judge_cpu_share": ("JUDGE_CPU_SHARE", _float),
     "judge_linger_s": ("JUDGE_LINGER", _float),
     "hold_timeout_s": ("HOLD_TIMEOUT", _float),
+    "max_judge_input_chars": ("MAX_JUDGE_INPUT_CHARS", _int),
+    "max_queue_chars": ("MAX_QUEUE_CHARS", _int),
     "capture_content": ("CAPTURE_CONTENT", _bool),
     "max_text_attribute_chars": ("MAX_TEXT_CHARS", _int),
     "answer_nodes": ("ANSWER_NODES", "csv"),

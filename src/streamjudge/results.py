@@ -8,6 +8,7 @@ answer, the final pass) and ``preflight`` (the retrieved contexts, before the fi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -145,3 +146,114 @@ class JudgeResult:
             if s.name == metric:
                 return s
         return None
+
+
+JobStatus = Literal[
+    "judged",  # scores arrived
+    "dropped",  # queue full (by count or bytes)
+    "timeout",  # per-call timeout, or waited in the queue past its deadline
+    "error",  # the judge raised (after retries for transient errors) or returned something invalid
+    "sampled_out",  # not selected by sampling
+    "superseded",  # a newer checkpoint of the same stream took over its sentences while queued
+    "budget_exhausted",  # per-stream or global judge-call budget used up
+    "cancelled",  # its stream went away (client disconnect)
+    "shutdown",  # the pool shut down before it ran
+    "skipped",  # the stream decided not to judge it (pre-flight policy, empty answer...)
+]
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """What became of one judge job: judged (with its result) or the reason it was not."""
+
+    status: JobStatus
+    result: JudgeResult | None = None
+    error: str | None = None
+    attempts: int = 0
+    latency_s: float = 0.0  # from submit to outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the judging service tells a stream about one of its requests (posted to the stream's inbox).
+
+    ``scores`` are labelled with the request's own thresholds and their sentences are in the stream's
+    coordinates; ``start``/``end`` is the range of the stream's text that was judged (a coalesced request
+    covers the sentences of the ones it superseded).
+    """
+
+    kind: EvalKind
+    index: int
+    outcome: JobOutcome
+    scores: tuple[Score, ...] = ()
+    start: int = 0
+    end: int = 0
+
+    @property
+    def status(self) -> JobStatus:
+        """The job's status (``judged`` when scores arrived)."""
+        return self.outcome.status
+
+    @property
+    def failed(self) -> tuple[Score, ...]:
+        """Scores labelled ``fail``."""
+        return tuple(s for s in self.scores if s.label == "fail")
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeRequest:
+    """Everything one judgement needs, worked out once by the stream that asks for it.
+
+    ``target_span_id`` / ``target_trace_id`` name the span that carries the results to the exporters (0:
+    none, e.g. an unsampled trace); ``stream_id`` groups one stream's requests (budgets, cancellation,
+    coalescing); ``reply`` is the stream's inbox, called once with the :class:`Verdict` on the judge pool's
+    thread. ``thresholds`` are this stream's, so a per-stream setting labels its own scores.
+    """
+
+    item: EvalInput
+    metrics: tuple[str, ...]
+    thresholds: dict[str, float]
+    default_threshold: float = 0.7
+    index: int = -1
+    stream_id: int = 0
+    trace_id: int = 0
+    target_span_id: int = 0
+    target_trace_id: int = 0
+    target_name: str = ""
+    coalesce: bool = False
+    reply: Callable[[Verdict], None] | None = None
+    attributes: dict[str, str | int | float | bool] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> EvalKind:
+        """What is judged: ``checkpoint``, ``answer`` or ``preflight``."""
+        return self.item.kind
+
+    def threshold_for(self, metric: str) -> float:
+        """This request's pass threshold for ``metric``."""
+        return self.thresholds.get(metric, self.default_threshold)
+
+
+@dataclass(frozen=True, slots=True)
+class EvaluationRecord:
+    """Results of one judgement, addressed to the span they judge."""
+
+    trace_id: int
+    span_id: int
+    span_name: str
+    span_type: str  # semconv.SPAN_TYPE_STREAM / SPAN_TYPE_CHECKPOINT
+    judge: str
+    scores: tuple[Score, ...]
+    timestamp_ns: int
+    usage: Usage = field(default_factory=Usage)
+    attributes: dict[str, str | int | float | bool] = field(default_factory=dict)
+
+    @property
+    def trace_id_hex(self) -> str:
+        """The W3C (32 hex digits) form of the trace id."""
+        return format(self.trace_id, "032x")
+
+    @property
+    def span_id_hex(self) -> str:
+        """The W3C (16 hex digits) form of the span id."""
+        return format(self.span_id, "016x")

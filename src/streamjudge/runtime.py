@@ -1,10 +1,14 @@
-"""The runtime: one per process, wiring settings, tracer provider, judge processor, pool and judges.
+"""The runtime: one per process; holds settings, tracer provider, judge processor, judging service, judges.
 
 ``configure()`` builds it. Where it sits in the export path decides how results leave:
 - it owns the export path (an ``exporter``/``downstream`` is given, or the distro took over the provider's
   exporters): judged spans are held and exported once, enriched with their scores;
 - it sits beside processors that already export (an application or the Langfuse SDK set up the provider):
   results go out as EVALUATOR spans and log events, and the application's setup is left as it was.
+
+Calling ``configure()`` again replaces the runtime cleanly: on the same provider the new judge processor
+takes the old one's place (and its export path, unless a new one is given), the old pool is drained, and
+judging goes on.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import inspect
 import logging
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, trace
 from opentelemetry._logs import LoggerProvider
@@ -24,18 +27,18 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, Synchrono
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-from streamjudge import semconv
+from streamjudge import _sdk, semconv
 from streamjudge._context import ContextStore, default_store
+from streamjudge._vendors import VendorBackend, default_backends
 from streamjudge._version import __version__
 from streamjudge.config import Settings, load_settings
 from streamjudge.exporters.base import EvaluationSink
+from streamjudge.judging import _backend
 from streamjudge.judging.base import EvalKind, Judge
 from streamjudge.judging.judges import Tier, create_judge
 from streamjudge.judging.pool import JudgePool
-from streamjudge.judging.processor import JudgeSpanProcessor, StreamRegistry
-
-if TYPE_CHECKING:
-    from streamjudge.exporters.langfuse import LangfuseSpanExporter
+from streamjudge.judging.processor import JudgeSpanProcessor
+from streamjudge.judging.service import JudgingService
 
 _log = logging.getLogger(__name__)
 
@@ -61,28 +64,25 @@ class Runtime:
         processor: JudgeSpanProcessor,
         pool: JudgePool,
         contexts: ContextStore,
-        streams: StreamRegistry,
         owns_provider: bool,
         meter_provider: MeterProvider | None = None,
+        backends: Sequence[VendorBackend] = (),
     ) -> None:
         self.settings = settings
         self.tracer_provider = tracer_provider
         self.processor = processor
         self.pool = pool
         self.contexts = contexts
-        self.streams = streams
         self.owns_provider = owns_provider
+        self.service = JudgingService(pool=pool, processor=processor, judges=self.judge_for)
+        processor.set_judging(self.service)
         self._meter_provider = meter_provider
+        self._backends = tuple(backends)
         self.tracer = tracer_provider.get_tracer(semconv.TRACER_NAME, __version__)
         self._judges: dict[str, Judge] = {}
         self._judge_lock = threading.Lock()
+        self._join_lock = threading.Lock()
         self._closed = False
-        # the Langfuse SDK may set itself up after streamjudge (an app calling Langfuse() at import, under
-        # opentelemetry-instrument): each stream start compares the provider's processors with these
-        self._seen_processors: object = None
-        self._provider_lock = threading.Lock()
-        self._langfuse_exporter: LangfuseSpanExporter | None = None
-        self._langfuse_joined = False
 
     def judge_for(self, kind: EvalKind) -> Judge:
         """The judge for checkpoints and the pre-flight gate (fast tier) or the final answer."""
@@ -112,42 +112,19 @@ class Runtime:
             if checkpoint is not None:
                 self._judges[f"checkpoint:{self.settings.checkpoint_judge_name}"] = checkpoint
 
-    def check_provider(self) -> None:
-        """Join a Langfuse SDK span processor added to the provider since the last look.
-
-        Called at each stream start; costs one identity comparison while the provider's processors are
-        unchanged.
-        """
-        active = getattr(self.tracer_provider, "_active_span_processor", None)
-        current = getattr(active, "_span_processors", None)
-        if current is self._seen_processors:
+    def _on_processor_added(self, processor: SpanProcessor) -> None:
+        """A processor joined the provider (now or later): join it if it is a vendor SDK's."""
+        if processor is self.processor or self._closed:
             return
-        with self._provider_lock:  # streams may start on several threads (sync drivers)
-            self._seen_processors = current
-            if not self._langfuse_joined:
-                self._join_langfuse_sdk()
-
-    def _join_langfuse_sdk(self) -> bool:
-        """Make the Langfuse SDK's processor export our spans, stop our own Langfuse exporter sending what
-        the SDK sends, and send scores through the SDK client when no Langfuse score sink is set."""
-        from streamjudge.exporters.langfuse import (
-            LangfuseClientScoreSink,
-            LangfuseScoreSink,
-            adopt_langfuse_sdk,
-        )
-
-        sdk = adopt_langfuse_sdk(self.tracer_provider)
-        if not sdk:
-            return False
-        self._langfuse_joined = True
-        if self._langfuse_exporter is not None:
-            self._langfuse_exporter.defer_to_sdk()
-        if not any(isinstance(s, LangfuseScoreSink | LangfuseClientScoreSink) for s in self.processor.sinks):
-            sink = LangfuseClientScoreSink.for_processor(sdk[0])
-            if sink is not None:
-                self.processor.add_sink(sink)
-        _log.info("streamjudge: joined the Langfuse SDK's span processor")
-        return True
+        with self._join_lock:  # streams and SDK set-up may run on several threads
+            for backend in self._backends:
+                try:
+                    sink = backend.join(processor, self.processor.sinks)
+                except Exception:
+                    _log.exception("streamjudge: joining %s failed", backend.name)
+                    continue
+                if sink is not None:
+                    self.processor.add_sink(sink)
 
     def take_over_export(self, provider: SDKTracerProvider | None = None) -> None:
         """Put the judge processor in front of the processors ``provider`` already has.
@@ -157,14 +134,12 @@ class Runtime:
         (enriched, exactly once). Other spans still reach them unchanged.
         """
         provider = provider or self.tracer_provider
-        active = provider._active_span_processor  # the SDK exposes no public way to re-order processors
-        with active._lock:
-            existing = tuple(p for p in active._span_processors if p is not self.processor)
-            downstream = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
-            for p in existing:
-                downstream.add_span_processor(p)
-            active._span_processors = (self.processor,)
-        self.processor._downstream = downstream
+        existing = tuple(p for p in _sdk.span_processors(provider) if p is not self.processor)
+        downstream = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
+        for p in existing:
+            downstream.add_span_processor(p)
+        _sdk.set_span_processors(provider, (self.processor,))
+        self.processor.set_downstream(downstream)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Wait for queued judgements and export what is pending."""
@@ -173,14 +148,17 @@ class Runtime:
             ok = self._meter_provider.force_flush(timeout_millis) and ok
         return ok
 
-    def shutdown(self) -> None:
-        """Drain the judge pool within its deadline, export everything, release resources."""
+    def shutdown(self, timeout_millis: int | None = None) -> None:
+        """Drain the judge pool within the deadline, export everything, release resources."""
         global _runtime
         if self._closed:
             return
         self._closed = True
+        _sdk.unwatch_span_processors(self.tracer_provider, self._on_processor_added)
+        if timeout_millis is not None:
+            self.processor.set_shutdown_timeout(timeout_millis)
         if self.owns_provider:
-            self.tracer_provider.shutdown()
+            self.tracer_provider.shutdown()  # -> processor.shutdown: drain the pool, then export
         else:
             self.processor.shutdown()
         if self._meter_provider is not None:
@@ -189,35 +167,17 @@ class Runtime:
             if _runtime is self:
                 _runtime = None
 
+    def _replaced(self) -> None:
+        """A new runtime took this one's place in the same provider: drain, keep the export path open."""
+        self._closed = True
+        _sdk.unwatch_span_processors(self.tracer_provider, self._on_processor_added)
+        self.processor.close(close_downstream=False)
+        if self._meter_provider is not None:
+            self._meter_provider.shutdown()
+
 
 _lock = threading.Lock()
 _runtime: Runtime | None = None
-
-
-def _env_exporters(provider: SDKTracerProvider | None) -> list[SpanExporter]:
-    """Span exporters to the backends configured by environment variables (Langfuse, Phoenix).
-
-    None to a backend the application already exports to with its SDK (the Langfuse SDK's processor,
-    ``phoenix.otel``'s): a second exporter would send every span there twice.
-    """
-    from streamjudge.exporters.langfuse import langfuse_exporter_from_env, langfuse_sdk_processors
-    from streamjudge.exporters.phoenix import phoenix_exporter_from_env, phoenix_otel_processors
-
-    active = provider._active_span_processor if provider is not None else None
-    out: list[SpanExporter | None] = []
-    if not langfuse_sdk_processors(active):
-        out.append(langfuse_exporter_from_env())
-    if not phoenix_otel_processors(active):
-        out.append(phoenix_exporter_from_env())
-    return [e for e in out if e is not None]
-
-
-def _env_sinks() -> list[EvaluationSink]:
-    """Evaluation sinks configured by environment variables (Langfuse scores, Phoenix annotations)."""
-    from streamjudge.exporters.langfuse import langfuse_score_sink_from_env
-    from streamjudge.exporters.phoenix import phoenix_annotation_sink_from_env
-
-    return [s for s in (langfuse_score_sink_from_env(), phoenix_annotation_sink_from_env()) if s is not None]
 
 
 def get_runtime(create: bool = False) -> Runtime:
@@ -235,6 +195,9 @@ def current_runtime() -> Runtime | None:
     return _runtime
 
 
+_backend.set_default(lambda: get_runtime(create=True))
+
+
 def _add_span_processor(provider: SDKTracerProvider, processor: SpanProcessor) -> None:
     """Add ``processor`` beside the provider's own.
 
@@ -250,6 +213,24 @@ def _add_span_processor(provider: SDKTracerProvider, processor: SpanProcessor) -
         provider.add_span_processor(processor, replace_default_processor=False)  # type: ignore[call-arg]
     else:
         provider.add_span_processor(processor)
+
+
+def _pool(settings: Settings, meter_provider: metrics.MeterProvider | None) -> JudgePool:
+    return JudgePool(
+        concurrency=settings.concurrency,
+        queue_size=settings.queue_size,
+        timeout_s=settings.judge_timeout_s,
+        max_retries=settings.max_retries,
+        backoff_s=settings.retry_backoff_s,
+        sample_rate=settings.sample_rate,
+        per_stream_budget=settings.per_stream_budget,
+        global_budget_per_minute=settings.global_budget_per_minute,
+        max_queue_wait_s=settings.hold_timeout_s,
+        max_queue_bytes=settings.max_queue_chars,
+        cpu_share=settings.judge_cpu_share,
+        linger_s=settings.judge_linger_s,
+        meter_provider=meter_provider,
+    )
 
 
 def configure(
@@ -285,6 +266,7 @@ def configure(
 
     Calling it again replaces the previous runtime (which is shut down).
     """
+
     global _runtime
     settings = settings or load_settings()
     owned_meter: MeterProvider | None = None
@@ -293,87 +275,83 @@ def configure(
             metric_readers=list(metric_readers), resource=resource or Resource.create()
         )
         meter_provider = owned_meter
-    pool = JudgePool(
-        concurrency=settings.concurrency,
-        queue_size=settings.queue_size,
-        timeout_s=settings.judge_timeout_s,
-        max_retries=settings.max_retries,
-        backoff_s=settings.retry_backoff_s,
-        sample_rate=settings.sample_rate,
-        per_stream_budget=settings.per_stream_budget,
-        global_budget_per_minute=settings.global_budget_per_minute,
-        max_queue_wait_s=settings.hold_timeout_s,
-        cpu_share=settings.judge_cpu_share,
-        linger_s=settings.judge_linger_s,
-        meter_provider=meter_provider,
-    )
     if downstream is None and exporter is not None:
         downstream = BatchSpanProcessor(exporter)
     if tracer_provider is None:
         current = trace.get_tracer_provider()
         if isinstance(current, SDKTracerProvider):
             tracer_provider = current
-    from streamjudge.exporters.langfuse import LangfuseSpanExporter
-
-    env_exporters = _env_exporters(tracer_provider) if backends_from_env else []
-    if sinks is None:
-        sinks = _env_sinks() if backends_from_env else []
+    previous = _runtime
+    # the same provider as the runtime before: take its place, and its export path unless given a new one
+    replaces = previous is not None and not previous._closed and tracer_provider is previous.tracer_provider
     owns_provider = tracer_provider is None
+    if replaces:
+        assert previous is not None
+        owns_provider = previous.owns_provider
+        if downstream is None:
+            downstream = previous.processor.downstream
     if tracer_provider is None:
         tracer_provider = SDKTracerProvider(resource=resource or Resource.create())
         if downstream is None:
             downstream = _Discard()
-    streams = StreamRegistry()
-    rt_holder: list[Runtime] = []
-
-    def judges(kind: EvalKind) -> Judge:
-        return rt_holder[0].judge_for(kind)
-
+    backends = default_backends() if backends_from_env else []
+    existing = _sdk.span_processors(tracer_provider)
+    env_exporters = [e for b in backends for e in b.exporters(existing)]
+    if sinks is None:
+        sinks = [s for b in backends for s in b.sinks()]
     processor = JudgeSpanProcessor(
-        settings=settings,
-        pool=pool,
-        judges=judges,
-        contexts=default_store(),
-        streams=streams,
         downstream=downstream,
         sinks=sinks,
         tracer_provider=tracer_provider,
         logger_provider=logger_provider,
         meter_provider=meter_provider,
+        capture_content=settings.capture_content,
+        shutdown_timeout_millis=int(settings.end_wait_s * 1000) + 5_000,
     )
-    _add_span_processor(tracer_provider, processor)
+    if replaces:
+        assert previous is not None
+        old = previous.processor
+        present = _sdk.span_processors(tracer_provider)
+        _sdk.set_span_processors(tracer_provider, tuple(processor if p is old else p for p in present))
+        if processor not in _sdk.span_processors(tracer_provider):
+            _add_span_processor(tracer_provider, processor)
+    else:
+        _add_span_processor(tracer_provider, processor)
     for exp in env_exporters:
         # owning: the backend gets the enriched spans; beside an app's processors: the raw spans, like
         # the app's own exporters (take_over_export later moves them behind the judge processor)
-        if processor._downstream is not None:
+        if processor.downstream is not None:
             multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
-            multi.add_span_processor(processor._downstream)
+            multi.add_span_processor(processor.downstream)
             multi.add_span_processor(BatchSpanProcessor(exp))
-            processor._downstream = multi
+            processor.set_downstream(multi)
         else:
             _add_span_processor(tracer_provider, BatchSpanProcessor(exp))
     rt = Runtime(
         settings,
         tracer_provider=tracer_provider,
         processor=processor,
-        pool=pool,
+        pool=_pool(settings, meter_provider),
         contexts=default_store(),
-        streams=streams,
         owns_provider=owns_provider,
         meter_provider=owned_meter,
+        backends=backends,
     )
-    rt_holder.append(rt)
-    rt._langfuse_exporter = next((e for e in env_exporters if isinstance(e, LangfuseSpanExporter)), None)
-    rt.check_provider()
+    for p in _sdk.span_processors(tracer_provider):  # vendor SDKs set up before us
+        rt._on_processor_added(p)
+    _sdk.watch_span_processors(tracer_provider, rt._on_processor_added)  # ... and after us
     if judge is not None or checkpoint_judge is not None:
         rt.use_judges(final=judge, checkpoint=checkpoint_judge or judge)
     # build the judges now, not on the first request's token path
     rt.judge_for("checkpoint")
     rt.judge_for("answer")
-    if owns_provider and set_global:
+    if owns_provider and set_global and not replaces:
         trace.set_tracer_provider(tracer_provider)
     with _lock:
         previous, _runtime = _runtime, rt
     if previous is not None and previous is not rt:
-        previous.shutdown()
+        if replaces:
+            previous._replaced()
+        else:
+            previous.shutdown()
     return rt

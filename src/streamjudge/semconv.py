@@ -49,7 +49,7 @@ CHECKPOINT_INDEX: Final = "streamjudge.checkpoint.index"
 CHECKPOINT_CHAR_START: Final = "streamjudge.checkpoint.char_start"
 CHECKPOINT_CHAR_END: Final = "streamjudge.checkpoint.char_end"
 CHECKPOINT_SENTENCES: Final = "streamjudge.checkpoint.sentences"
-CHECKPOINT_TEXT: Final = "streamjudge.checkpoint.text"  # running total text, never only the delta
+CHECKPOINT_TEXT: Final = "streamjudge.checkpoint.text"  # the sentences this checkpoint judges
 CHECKPOINT_TEXT_LENGTH: Final = "streamjudge.checkpoint.text.length"
 CHECKPOINT_TEXT_SHA256: Final = "streamjudge.checkpoint.text.sha256"
 CHECKPOINT_FINAL: Final = "streamjudge.checkpoint.final"
@@ -79,6 +79,17 @@ def label_attribute(metric: str) -> str:
     return f"streamjudge.eval.{metric}.label"
 
 
+def sentences_attribute(metric: str, what: str) -> str:
+    """Per-sentence summary of ``metric`` on a judged span: ``worst`` (lowest sentence score), ``failed``
+    (how many sentences failed), ``judged`` (how many were scored), ``ranges`` (failed sentences' char
+    ranges in the stream's text, flattened ``[start0, end0, start1, end1, ...]``)."""
+    return f"streamjudge.eval.{metric}.sentences.{what}"
+
+
+#: failed sentences' char ranges on a ``gen_ai.evaluation.result`` event (flattened start/end pairs)
+EVAL_SENTENCE_RANGES: Final = "streamjudge.eval.sentence_ranges"
+
+
 # --- GenAI evaluation event (OpenTelemetry semantic conventions) ---------------------------------
 EVENT_EVALUATION_RESULT: Final = "gen_ai.evaluation.result"
 GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"
@@ -98,6 +109,8 @@ ALERT_METRIC: Final = "streamjudge.alert.metric"
 ALERT_SCORE: Final = "streamjudge.alert.score"
 ALERT_CHECKPOINT: Final = "streamjudge.alert.checkpoint"
 ALERT_CHAR_END: Final = "streamjudge.alert.char_end"
+ALERT_CHAR_START: Final = "streamjudge.alert.char_start"
+ALERT_REASON: Final = "streamjudge.alert.reason"
 SKIP_REASON: Final = "streamjudge.skip.reason"
 
 # --- LangGraph node spans ------------------------------------------------------------------------
@@ -109,6 +122,8 @@ SESSION_ID: Final = "session.id"
 METER_NAME: Final = "streamjudge"
 METRIC_SCORE: Final = "streamjudge.eval.score"
 METRIC_ALERTS: Final = "streamjudge.alerts"
+#: jobs of a stream cancelled when its client went away (on the stream span)
+JUDGE_CANCELLED_JOBS: Final = "streamjudge.judge.cancelled_jobs"
 METRIC_JUDGE_DURATION: Final = "streamjudge.judge.duration"
 METRIC_QUEUE_DEPTH: Final = "streamjudge.judge.queue.depth"
 METRIC_QUEUE_CAPACITY: Final = "streamjudge.judge.queue.capacity"

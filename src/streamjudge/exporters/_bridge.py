@@ -36,7 +36,7 @@ from opentelemetry import metrics
 
 from streamjudge import semconv
 from streamjudge.exporters.base import EvaluationRecord
-from streamjudge.judging.base import Score
+from streamjudge.results import Score
 
 _logger = logging.getLogger(__name__)
 

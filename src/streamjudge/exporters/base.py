@@ -9,37 +9,13 @@ block the pool.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from opentelemetry.sdk.trace import SpanProcessor
 
-from streamjudge.judging.base import Score, Usage
+from streamjudge.results import EvaluationRecord
 
-
-@dataclass(frozen=True, slots=True)
-class EvaluationRecord:
-    """Results of one judgement, addressed to the span they judge."""
-
-    trace_id: int
-    span_id: int
-    span_name: str
-    span_type: str  # semconv.SPAN_TYPE_STREAM / SPAN_TYPE_CHECKPOINT
-    judge: str
-    scores: tuple[Score, ...]
-    timestamp_ns: int
-    usage: Usage = field(default_factory=Usage)
-    attributes: dict[str, str | int | float | bool] = field(default_factory=dict)
-
-    @property
-    def trace_id_hex(self) -> str:
-        """The W3C (32 hex digits) form of the trace id."""
-        return format(self.trace_id, "032x")
-
-    @property
-    def span_id_hex(self) -> str:
-        """The W3C (16 hex digits) form of the span id."""
-        return format(self.span_id, "016x")
+__all__ = ["EvaluationRecord", "EvaluationSink", "find_span_processors"]
 
 
 @runtime_checkable

@@ -56,7 +56,7 @@ from streamjudge import semconv
 from streamjudge._spans import copy_span
 from streamjudge.exporters._bridge import BridgeSink, HttpBridge, JsonRequest, Secret, result_name
 from streamjudge.exporters.base import EvaluationRecord, find_span_processors
-from streamjudge.judging.base import Score
+from streamjudge.results import Score
 
 _logger = logging.getLogger(__name__)
 

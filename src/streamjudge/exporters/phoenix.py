@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from streamjudge.exporters._bridge import BridgeSink, HttpBridge, JsonRequest, Secret, result_name
 from streamjudge.exporters.base import EvaluationRecord, find_span_processors
-from streamjudge.judging.base import Score
+from streamjudge.results import Score
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:6006"
 OTLP_TRACES_PATH = "/v1/traces"

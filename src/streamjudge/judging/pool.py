@@ -17,45 +17,25 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics
 
 from streamjudge import semconv
 from streamjudge._fork import after_fork_in_child
-from streamjudge.judging.base import EvalInput, Judge, JudgeResult, TransientJudgeError
+from streamjudge.judging.base import EvalInput, Judge, JudgeResult, Score, TransientJudgeError
+from streamjudge.results import JobOutcome, JobStatus
+
+__all__ = ["JobOutcome", "JobStatus", "JudgeJob", "JudgePool"]
 
 _log = logging.getLogger(__name__)
-
-JobStatus = Literal[
-    "judged",  # scores arrived
-    "dropped",  # queue full
-    "timeout",  # per-call timeout, or waited in the queue past its deadline
-    "error",  # the judge raised (after retries for transient errors)
-    "sampled_out",  # not selected by sampling
-    "superseded",  # a newer checkpoint of the same stream replaced it while queued
-    "budget_exhausted",  # per-stream or global judge-call budget used up
-    "cancelled",  # its stream went away (client disconnect)
-    "shutdown",  # the pool shut down before it ran
-]
 
 # the SDK's key: instrumentations (httpx, openai, requests...) check it and create no spans, so the judge's
 # own I/O never lands in the judged trace
 _SUPPRESS_KEY = otel_context._SUPPRESS_INSTRUMENTATION_KEY
 _MAX_BACKOFF_S = 10.0
 _POLL_S = 0.001  # the idle dispatcher's polling period while it lingers
-
-
-@dataclass(frozen=True, slots=True)
-class JobOutcome:
-    """What became of one job."""
-
-    status: JobStatus
-    result: JudgeResult | None = None
-    error: str | None = None
-    attempts: int = 0
-    latency_s: float = 0.0  # from submit to outcome
 
 
 @dataclass(slots=True)
@@ -69,6 +49,10 @@ class JudgeJob:
     stream_key: int = 0  # jobs of one stream share it (0 = none)
     sample_key: int = 0  # trace id: all jobs of a trace are sampled in or out together
     coalesce: bool = False  # a newer coalescing job of the same stream replaces this one while queued
+    # builds the job that replaces a queued older one and covers its work too (None: cannot be joined)
+    merge: Callable[[JudgeJob], JudgeJob | None] | None = None
+    tag: Any = None  # the submitter's own reference (the judging service keeps its request here)
+    size: int = 0  # chars of text the job holds, counted against the queue's byte bound
     enqueued_at: float = field(default=0.0)
 
 
@@ -100,6 +84,7 @@ class JudgePool:
         per_stream_budget: int = 0,
         global_budget_per_minute: int = 0,
         max_queue_wait_s: float = 60.0,
+        max_queue_bytes: int = 0,
         cpu_share: float = 0.0,
         cpu_burst_s: float = 0.05,
         linger_s: float = 0.0,
@@ -114,6 +99,8 @@ class JudgePool:
         self._per_stream_budget = per_stream_budget
         self._global_budget = global_budget_per_minute
         self._max_queue_wait_s = max_queue_wait_s
+        # queued text is bounded by size too: a few huge answers must not hold gigabytes (0 = no bound)
+        self._max_queue_bytes = max_queue_bytes
         # the pool thread's CPU (judges, callbacks) is taken from the application under the GIL: cap its
         # share of wall time, allowing a burst so an isolated checkpoint is judged at once
         self._cpu_share = cpu_share if 0.0 < cpu_share < 1.0 else 0.0
@@ -153,6 +140,7 @@ class JudgePool:
         self._idle = threading.Condition(self._lock)
         self._queue: deque[_Slot] = deque()
         self._queued = 0
+        self._queued_bytes = 0
         self._coalescable: dict[int, _Slot] = {}
         self._stream_calls: dict[int, int] = {}
         self._running: dict[asyncio.Task[None], JudgeJob] = {}
@@ -180,6 +168,10 @@ class JudgePool:
 
     # --- submit (any thread) ---------------------------------------------------------------------
 
+    def samples(self, trace_id: int) -> bool:
+        """Whether jobs of ``trace_id`` are judged (the same answer every time for one trace)."""
+        return not trace_id or (trace_id & 0xFFFFFFFFFFFFFFFF) < self._sample_threshold
+
     def submit(self, job: JudgeJob) -> bool:
         """Queue ``job``; False when it was refused (its callback has then already been called)."""
         job.enqueued_at = time.monotonic()
@@ -189,20 +181,32 @@ class JudgePool:
         with self._lock:
             if self._closed:
                 refused = "shutdown"
-            elif job.sample_key and (job.sample_key & 0xFFFFFFFFFFFFFFFF) >= self._sample_threshold:
+            elif job.sample_key and not self.samples(job.sample_key):
                 refused = "sampled_out"
             elif not self._take_budget(job):
                 refused = "budget_exhausted"
             else:
                 slot = self._coalescable.get(job.stream_key) if job.coalesce and job.stream_key else None
+                merged = None
                 if slot is not None and slot.job is not None:
-                    superseded, slot.job = slot.job, job
-                elif self._queued >= self._queue_size:
+                    older = slot.job
+                    merged = job.merge(older) if job.merge is not None else job
+                if merged is not None and slot is not None:
+                    # the newer job takes the older one's place in the queue and covers its work
+                    assert slot.job is not None
+                    superseded = slot.job
+                    self._queued_bytes += merged.size - superseded.size
+                    merged.enqueued_at = superseded.enqueued_at
+                    slot.job = merged
+                elif self._queued >= self._queue_size or (
+                    self._max_queue_bytes and self._queued_bytes + job.size > self._max_queue_bytes
+                ):
                     refused = "dropped"
                 else:
                     slot = _Slot(job)
                     self._queue.append(slot)
                     self._queued += 1
+                    self._queued_bytes += job.size
                     if job.coalesce and job.stream_key:
                         self._coalescable[job.stream_key] = slot
             if refused is None:
@@ -220,7 +224,9 @@ class JudgePool:
         # pool's thread like all others: their callbacks (span enrichment, export) then cost the caller -
         # usually the thread streaming tokens - nothing, and count against the pool's CPU share
         with self._lock:
-            alive = self._thread is not None and self._thread.is_alive() and not self._closed
+            # bounded: past a queue's worth of undelivered refusals the caller delivers them itself
+            alive = (self._thread is not None and self._thread.is_alive() and not self._closed
+                     and len(self._deferred) < self._queue_size)
             if alive:
                 self._deferred.append((job, outcome))
                 self._active += 1
@@ -268,6 +274,7 @@ class JudgePool:
             self._coalescable.pop(stream_key, None)
             self._stream_calls.pop(stream_key, None)
             self._queued -= len(cancelled)
+            self._queued_bytes -= sum(j.size for j in cancelled)
             running = [t for t, j in self._running.items() if j.stream_key == stream_key]
             loop = self._loop
         for job in cancelled:
@@ -324,6 +331,7 @@ class JudgePool:
                     continue
                 slot.job = None
                 self._queued -= 1
+                self._queued_bytes -= job.size
                 self._active += 1
                 if self._coalescable.get(job.stream_key) is slot:
                     del self._coalescable[job.stream_key]
@@ -419,8 +427,7 @@ class JudgePool:
                     # asyncio.timeout, not wait_for: no extra task per call
                     async with asyncio.timeout(self._timeout_s):
                         result = await job.judge.evaluate(job.item, job.metrics)
-                    if not isinstance(result, JudgeResult):
-                        raise TypeError(f"judge returned {type(result).__name__}, not a JudgeResult")
+                    _check_result(result)
                     elapsed = time.monotonic() - started
                     self._m_duration.record(elapsed, {semconv.METRIC_ATTR_JUDGE: result.judge})
                     outcome = JobOutcome("judged", result, attempts=attempts)
@@ -438,6 +445,9 @@ class JudgePool:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # a judge failure never breaks a response
+                    outcome = JobOutcome("error", error=_describe(exc), attempts=attempts)
+                    break
+                except BaseException as exc:  # SystemExit / KeyboardInterrupt from a judge: not ours to obey
                     outcome = JobOutcome("error", error=_describe(exc), attempts=attempts)
                     break
         finally:
@@ -502,6 +512,7 @@ class JudgePool:
                     slot.job = None
             self._queue.clear()
             self._queued = 0
+            self._queued_bytes = 0
             running = list(self._running)
             loop, thread, wake = self._loop, self._thread, self._wake
         for job in leftover:
@@ -517,6 +528,18 @@ class JudgePool:
             thread.join(timeout=5.0)
         self._deliver_deferred()  # anything the worker did not get to: every job has its outcome
         return drained
+
+
+def _check_result(result: object) -> None:
+    """Reject what a judge returned unless it is a :class:`JudgeResult` of :class:`Score` objects: a wrong
+    type found later would raise into the stream that reads the verdict."""
+    if not isinstance(result, JudgeResult):
+        raise TypeError(f"judge returned {type(result).__name__}, not a JudgeResult")
+    if not isinstance(result.scores, tuple | list):
+        raise TypeError(f"JudgeResult.scores is {type(result.scores).__name__}, not a tuple of Score")
+    for s in result.scores:
+        if not isinstance(s, Score):
+            raise TypeError(f"JudgeResult.scores holds a {type(s).__name__}, not a Score")
 
 
 def _describe(exc: BaseException) -> str:

@@ -1,11 +1,12 @@
-"""The judge span processor: the only bridge between spans and judges.
+"""The judge span processor: the export side of judging. Spans are only the vehicle of results.
 
-On ``on_end`` of a checkpoint or stream (answer) span it hands (question, contexts, running text) to the judge
-pool; every other span passes straight through. When it owns the export path (``downstream`` given) it holds
-a judged span until its scores arrive and forwards an enriched copy — scores as attributes and
-``gen_ai.evaluation.result`` events — so each span is exported exactly once. Otherwise the span has already
-gone out through the application's own processors, and results leave as an EVALUATOR span linked to (and
-parented by) the target, plus a log event in the target's context.
+The judging service tells the processor which span will carry a judgement (:meth:`expect`) before that span
+ends, and hands it the result (:meth:`resolve`) when the judge is done; whichever of the span's end and the
+result comes second sends the span on. When the processor owns the export path (``downstream`` given) a
+judged span is held until its result arrives and forwarded once, enriched — scores as attributes and
+``gen_ai.evaluation.result`` events. Beside an application's own exporters the span has already gone out
+unchanged, and results leave as an EVALUATOR span linked to (and parented by) the target, plus a log event in
+the target's context. Every other span passes straight through.
 """
 
 from __future__ import annotations
@@ -13,99 +14,72 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from opentelemetry import metrics, trace
 from opentelemetry._logs import Logger, LoggerProvider, get_logger
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan, Span, SpanProcessor
-from opentelemetry.trace import Link, SpanContext
+from opentelemetry.trace import Link, SpanContext, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
-from streamjudge._context import ContextStore
 from streamjudge._fork import after_fork_in_child
 from streamjudge._spans import copy_span
-from streamjudge.config import Settings
 from streamjudge.exporters.base import EvaluationRecord, EvaluationSink
-from streamjudge.judging.base import EvalInput, EvalKind, Judge, Score
-from streamjudge.judging.pool import JobOutcome, JudgeJob, JudgePool
+from streamjudge.results import JobOutcome, JudgeRequest, Score
 
 _log = logging.getLogger(__name__)
 
-
-class StreamListener(Protocol):
-    """What the processor needs from a live stream (implemented by the guard's session)."""
-
-    question: str | None
-    contexts: tuple[str, ...] | None
-    reference: str | None
-    hold_back: bool
-
-    def text_until(self, end: int) -> str:
-        """The running total text up to char ``end``."""
-        ...
-
-    def post(self, kind: EvalKind, index: int, outcome: JobOutcome, scores: tuple[Score, ...]) -> None:
-        """Deliver a verdict (called on the pool's thread)."""
-        ...
+_KIND_SPAN_TYPE = {
+    "checkpoint": semconv.SPAN_TYPE_CHECKPOINT,
+    "answer": semconv.SPAN_TYPE_STREAM,
+    "preflight": semconv.SPAN_TYPE_STREAM,
+}
 
 
-class StreamRegistry:
-    """Live streams by stream-span id, so verdicts reach the stream they belong to."""
+class _Drainable(Protocol):
+    """The judging service, as the SDK's flush and shutdown reach it through this processor."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._streams: dict[int, StreamListener] = {}
-        after_fork_in_child(self, StreamRegistry._after_fork)
+    def force_flush(self, timeout_millis: int = 30_000) -> bool: ...
 
-    def _after_fork(self) -> None:
-        # the parent's streams are not this process's; a lock held at fork time would never be released
-        self._lock = threading.Lock()
-        self._streams = {}
+    def shutdown(self, timeout_millis: int = 30_000) -> bool: ...
 
-    def add(self, span_id: int, listener: StreamListener) -> None:
-        with self._lock:
-            self._streams[span_id] = listener
 
-    def get(self, span_id: int) -> StreamListener | None:
-        return self._streams.get(span_id)
+@dataclass(slots=True)
+class _Slot:
+    """A span expected to carry a judgement: whichever of span and result arrives first waits here."""
 
-    def remove(self, span_id: int) -> None:
-        with self._lock:
-            self._streams.pop(span_id, None)
-
-    def __len__(self) -> int:
-        return len(self._streams)
+    span: ReadableSpan | None = None
+    extra: dict[str, AttributeValue] | None = None
+    events: list[Event] | None = None
+    expected_at: float = 0.0
 
 
 class JudgeSpanProcessor(SpanProcessor):
-    """Routes finished checkpoint and stream spans through the judge pool; passes the rest through."""
+    """Holds judged spans until their results arrive and exports them once, enriched."""
 
     def __init__(
         self,
         *,
-        settings: Settings,
-        pool: JudgePool,
-        judges: Callable[[EvalKind], Judge],
-        contexts: ContextStore,
-        streams: StreamRegistry,
         downstream: SpanProcessor | None = None,
         sinks: Sequence[EvaluationSink] = (),
         tracer_provider: trace.TracerProvider | None = None,
         logger_provider: LoggerProvider | None = None,
         meter_provider: metrics.MeterProvider | None = None,
+        capture_content: bool = True,
+        shutdown_timeout_millis: int = 7_000,
     ) -> None:
-        self._settings = settings
-        self._pool = pool
-        self._judges = judges
-        self._contexts = contexts
-        self._streams = streams
         self._downstream = downstream
+        self._judging: _Drainable | None = None
+        self._shutdown_timeout = shutdown_timeout_millis
         self._sinks = tuple(sinks)
-        self._held: dict[int, ReadableSpan] = {}
-        self._held_lock = threading.Lock()
+        self._capture = capture_content
+        self._slots: dict[int, _Slot] = {}
+        self._lock = threading.Lock()
+        self._closed = False
         after_fork_in_child(self, JudgeSpanProcessor._after_fork)
         self._tracer_provider = tracer_provider
         self._tracer: trace.Tracer | None = None
@@ -118,20 +92,36 @@ class JudgeSpanProcessor(SpanProcessor):
 
     def _after_fork(self) -> None:
         # spans held in the parent are exported by the parent; the child starts clean
-        self._held_lock = threading.Lock()
-        self._held = {}
+        self._lock = threading.Lock()
+        self._slots = {}
 
     @property
     def owns_export(self) -> bool:
         """True when judged spans reach the exporter only through this processor (enriched)."""
         return self._downstream is not None
 
+    @property
+    def downstream(self) -> SpanProcessor | None:
+        """The export path this processor owns (None beside an application's own exporters)."""
+        return self._downstream
+
+    def set_downstream(self, downstream: SpanProcessor | None) -> None:
+        """Own ``downstream`` from now on (the distro moves the configured exporters behind us)."""
+        self._downstream = downstream
+
+    def set_judging(self, judging: _Drainable) -> None:
+        """The judging service whose verdicts this processor exports: flushed and drained before the
+        export path (the SDK's ``force_flush`` / ``shutdown`` reach judging only through here)."""
+        self._judging = judging
+
+    def set_shutdown_timeout(self, timeout_millis: int) -> None:
+        """How long :meth:`shutdown` lets queued judgements finish before the rest goes out marked."""
+        self._shutdown_timeout = timeout_millis
+
     def set_tracer_provider(self, provider: trace.TracerProvider) -> None:
         """The provider used for EVALUATOR spans in non-owning mode."""
         self._tracer_provider = provider
         self._tracer = None
-
-    # --- SpanProcessor -----------------------------------------------------------------------------
 
     @property
     def sinks(self) -> tuple[EvaluationSink, ...]:
@@ -142,159 +132,145 @@ class JudgeSpanProcessor(SpanProcessor):
         """Send evaluation records to ``sink`` as well, from the next judgement on."""
         self._sinks = (*self._sinks, sink)  # one assignment: the pool thread sees the old or the new tuple
 
+    @property
+    def held(self) -> int:
+        """Spans (or results) waiting for their counterpart."""
+        return len(self._slots)
+
+    # --- the judging service's side ------------------------------------------------------------------
+
+    def expect(self, span_id: int) -> None:
+        """``span_id`` will carry a judgement: hold it at its end until :meth:`resolve` (owning mode)."""
+        if self._downstream is None or not span_id:
+            return
+        with self._lock:
+            self._slots[span_id] = _Slot(expected_at=time.monotonic())
+
+    def resolve(self, request: JudgeRequest, outcome: JobOutcome, scores: tuple[Score, ...]) -> None:
+        """Record the result of ``request``: enrich (or annotate) its span, metrics, sinks.
+
+        ``scores`` are already labelled with the request's thresholds. Called once per request, on the
+        judge pool's thread.
+        """
+        extra, events = self._result_telemetry(request, outcome, scores)
+        span_id = request.target_span_id
+        if self._downstream is not None:
+            if span_id:
+                self._deliver(span_id, extra, events)
+        elif span_id:
+            self._emit_evaluator(request, extra, events)
+        if scores:
+            self._record(request, outcome, scores)
+
+    def _deliver(self, span_id: int, extra: dict[str, AttributeValue], events: list[Event]) -> None:
+        with self._lock:
+            slot = self._slots.get(span_id)
+            if slot is None:
+                return  # never expected (or already released at shutdown)
+            span = slot.span
+            if span is None:  # the result came first: the span picks it up at its end
+                slot.extra, slot.events = extra, events
+                return
+            del self._slots[span_id]
+        self._export(span, extra, events)
+
+    # --- SpanProcessor -------------------------------------------------------------------------------
+
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         if self._downstream is not None:
             self._downstream.on_start(span, parent_context=parent_context)
 
     def on_end(self, span: ReadableSpan) -> None:
-        attrs = span.attributes or {}
-        span_type = attrs.get(semconv.SPAN_TYPE)
-        if span_type == semconv.SPAN_TYPE_CHECKPOINT:
-            kind: EvalKind = "checkpoint"
-        elif span_type == semconv.SPAN_TYPE_STREAM and self._settings.final_reconcile:
-            kind = "answer"
-        else:
-            self._forward(span)
+        downstream = self._downstream
+        if downstream is None:
             return
-        try:
-            self._submit(span, kind, attrs)
-        except Exception:  # a span is never lost, whatever goes wrong on the way to the judge
-            _log.exception("streamjudge: could not submit span %s for judging", span.name)
-            self._forward(span, status="error", reason="submit_failed")
+        ctx = span.context
+        slot = self._slots.get(ctx.span_id) if ctx is not None and self._slots else None
+        if slot is None:
+            downstream.on_end(span)
+            return
+        with self._lock:
+            slot = self._slots.get(ctx.span_id)  # type: ignore[union-attr]
+            if slot is not None and slot.extra is None:
+                slot.span = span  # held until its result arrives
+                return
+            if slot is not None:
+                del self._slots[ctx.span_id]  # type: ignore[union-attr]
+        if slot is None:
+            downstream.on_end(span)
+        else:
+            self._export(span, slot.extra or {}, slot.events or [])
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         deadline = time.monotonic() + timeout_millis / 1000
-        ok = self._pool.force_flush(timeout_millis)
-        left = max(0, int((deadline - time.monotonic()) * 1000))
-        for sink in self._sinks:
-            ok = sink.force_flush(left) and ok
+        ok = self._judging.force_flush(timeout_millis) if self._judging is not None else True
+        left = max(1, int((deadline - time.monotonic()) * 1000))
+        ok = self.flush_sinks(left) and ok
         if self._downstream is not None:
-            ok = self._downstream.force_flush(max(left, 1)) and ok
+            left = max(1, int((deadline - time.monotonic()) * 1000))
+            ok = self._downstream.force_flush(left) and ok
         return ok
 
+    def flush_sinks(self, timeout_millis: int) -> bool:
+        """Deliver what the sinks have queued within ``timeout_millis``."""
+        deadline = time.monotonic() + timeout_millis / 1000
+        ok = True
+        for sink in self._sinks:
+            left = max(1, int((deadline - time.monotonic()) * 1000))
+            ok = sink.force_flush(left) and ok
+        return ok
+
+    def release_held(self, status: str = "shutdown") -> int:
+        """Export every span still waiting for a result, marked with ``status``. Returns how many."""
+        with self._lock:
+            slots = list(self._slots.values())
+            self._slots.clear()
+        n = 0
+        for slot in slots:
+            if slot.span is not None:
+                self._export(slot.span, {semconv.EVAL_STATUS: status, semconv.EVAL_SKIP_REASON: status}, [])
+                n += 1
+        return n
+
     def shutdown(self) -> None:
-        # every held span gets its outcome (judged or "shutdown") before the exporter closes
-        self._pool.shutdown(int(self._settings.end_wait_s * 1000) + 5_000)
-        with self._held_lock:
-            leftover = list(self._held.values())
-            self._held.clear()
-        for span in leftover:
-            self._forward(span, status="shutdown", reason="shutdown")
+        self.close(close_downstream=True)
+
+    def close(self, *, close_downstream: bool) -> None:
+        """Drain judging within the shutdown timeout, export what is held (marked ``shutdown`` when its
+        result did not come), close the sinks, and the export path too unless another processor takes it
+        over (a second ``configure()`` on the same provider)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._judging is not None:
+            try:
+                self._judging.shutdown(self._shutdown_timeout)
+            except Exception:
+                _log.exception("streamjudge: draining the judge pool failed")
+        self.release_held("shutdown")
         for sink in self._sinks:
             try:
                 sink.shutdown()
             except Exception:
                 _log.exception("streamjudge: sink shutdown failed")
-        if self._downstream is not None:
+        if self._downstream is not None and close_downstream:
             self._downstream.shutdown()
+        elif self._downstream is not None:
+            self._downstream.force_flush(max(1, self._shutdown_timeout))
 
-    # --- judging -----------------------------------------------------------------------------------
+    # --- telemetry -----------------------------------------------------------------------------------
 
-    def _submit(self, span: ReadableSpan, kind: EvalKind, attrs: Mapping[str, AttributeValue]) -> None:
-        ctx = span.context
-        assert ctx is not None
-        stream_key = ctx.span_id if kind == "answer" else (span.parent.span_id if span.parent else 0)
-        listener = self._streams.get(stream_key)
-        skip = attrs.get(semconv.EVAL_SKIP_REASON)
-        if isinstance(skip, str) and skip:
-            # the guard decided not to judge it (pre-flight policy, disconnect...): say so and export
-            self._forward(span, status="skipped", reason=skip)
-            self._notify(listener, kind, attrs, JobOutcome("cancelled", error=skip), ())
-            return
-        stored = self._contexts.get(ctx.trace_id)
-        question = (listener.question if listener else None) or (stored.question if stored else None)
-        contexts = (listener.contexts if listener else None) or (stored.contexts if stored else None)
-        reference = (listener.reference if listener else None) or (stored.reference if stored else None)
-        text = self._text_of(span, kind, attrs, listener)
-        if text is None:
-            self._forward(span, status="error", reason="no_text")
-            self._notify(listener, kind, attrs, JobOutcome("error", error="no_text"), ())
-            return
-        metrics_ = self._settings.checkpoint_metrics if kind == "checkpoint" else self._settings.final_metrics
-        item = EvalInput(
-            question=question or "",
-            contexts=tuple(contexts or ()),
-            answer=text,
-            kind=kind,
-            reference=reference,
-        )
-        if self._downstream is not None:
-            with self._held_lock:
-                self._held[ctx.span_id] = span
-
-        def done(outcome: JobOutcome) -> None:
-            self._on_outcome(span, kind, attrs, outcome)
-
-        self._pool.submit(
-            JudgeJob(
-                judge=self._judges(kind),
-                item=item,
-                metrics=tuple(metrics_),
-                callback=done,
-                stream_key=stream_key,
-                sample_key=ctx.trace_id,
-                # hold-back releases a window only on its own verdict: no coalescing there
-                coalesce=kind == "checkpoint" and not (listener is not None and listener.hold_back),
-            )
-        )
-
-    @staticmethod
-    def _text_of(
-        span: ReadableSpan,
-        kind: EvalKind,
-        attrs: Mapping[str, AttributeValue],
-        listener: StreamListener | None,
-    ) -> str | None:
-        if kind == "checkpoint":
-            end = attrs.get(semconv.CHECKPOINT_CHAR_END)
-            if listener is not None and isinstance(end, int):
-                return listener.text_until(end)
-            text = attrs.get(semconv.CHECKPOINT_TEXT)
-        else:
-            if listener is not None:
-                return listener.text_until(-1)
-            text = attrs.get(semconv.STREAM_ANSWER)
-        return text if isinstance(text, str) else None
-
-    def _on_outcome(
-        self, span: ReadableSpan, kind: EvalKind, attrs: Mapping[str, AttributeValue], outcome: JobOutcome
+    def _export(
+        self, span: ReadableSpan, extra: Mapping[str, AttributeValue], events: Sequence[Event]
     ) -> None:
-        ctx = span.context
-        assert ctx is not None
-        scores: tuple[Score, ...] = ()
-        if outcome.result is not None:
-            scores = tuple(s.with_label(self._settings.threshold_for(s.name)) for s in outcome.result.scores)
-        extra, events = self._result_telemetry(outcome, scores)
-        if self._downstream is not None:
-            with self._held_lock:
-                held = self._held.pop(ctx.span_id, None)
-            if held is not None:
-                self._downstream.on_end(_enriched(held, extra, events))
-        else:
-            self._emit_evaluator(span, extra, events)
-        if scores:
-            self._record(span, kind, attrs, outcome, scores)
-        stream_key = ctx.span_id if kind == "answer" else (span.parent.span_id if span.parent else 0)
-        self._notify(self._streams.get(stream_key), kind, attrs, outcome, scores)
-
-    def _notify(
-        self,
-        listener: StreamListener | None,
-        kind: EvalKind,
-        attrs: Mapping[str, AttributeValue],
-        outcome: JobOutcome,
-        scores: tuple[Score, ...],
-    ) -> None:
-        if listener is None:
-            return
-        index = attrs.get(semconv.CHECKPOINT_INDEX, -1)
+        assert self._downstream is not None
         try:
-            listener.post(kind, index if isinstance(index, int) else -1, outcome, scores)
+            self._downstream.on_end(_enriched(span, extra, events))
         except Exception:
-            _log.exception("streamjudge: posting a verdict to its stream failed")
+            _log.exception("streamjudge: exporting judged span %s failed", span.name)
 
     def _result_telemetry(
-        self, outcome: JobOutcome, scores: tuple[Score, ...]
+        self, request: JudgeRequest, outcome: JobOutcome, scores: tuple[Score, ...]
     ) -> tuple[dict[str, AttributeValue], list[Event]]:
         extra: dict[str, AttributeValue] = {semconv.EVAL_STATUS: outcome.status}
         events: list[Event] = []
@@ -326,25 +302,29 @@ class JudgeSpanProcessor(SpanProcessor):
                 extra[semconv.label_attribute(s.name)] = s.label
                 ev[semconv.GEN_AI_EVALUATION_SCORE_LABEL] = s.label
                 passed = passed and s.label == "pass"
+            if s.sentences:
+                failing = [x for x in s.sentences if x.label == "fail"]
+                worst = s.worst
+                assert worst is not None
+                extra[semconv.sentences_attribute(s.name, "worst")] = worst.value
+                extra[semconv.sentences_attribute(s.name, "failed")] = len(failing)
+                extra[semconv.sentences_attribute(s.name, "judged")] = len(s.sentences)
+                if failing:
+                    # flat int arrays (OTLP attributes cannot nest): [start0, end0, start1, end1, ...]
+                    ranges = [v for x in failing for v in (x.start, x.end)]
+                    ev[semconv.EVAL_SENTENCE_RANGES] = ranges
+                    extra[semconv.sentences_attribute(s.name, "ranges")] = ranges
             if s.skipped:
                 ev[semconv.EVAL_SKIP_REASON] = s.skipped
             explanation = s.explanation or (f"skipped: {s.skipped}" if s.skipped else "")
-            if explanation:
+            if explanation and self._capture:
                 ev[semconv.GEN_AI_EVALUATION_EXPLANATION] = explanation
             events.append(Event(semconv.EVENT_EVALUATION_RESULT, ev, now))
         extra[semconv.EVAL_PASSED] = passed
         return extra, events
 
-    def _record(
-        self,
-        span: ReadableSpan,
-        kind: EvalKind,
-        attrs: Mapping[str, AttributeValue],
-        outcome: JobOutcome,
-        scores: tuple[Score, ...],
-    ) -> None:
-        ctx = span.context
-        assert ctx is not None and outcome.result is not None
+    def _record(self, request: JudgeRequest, outcome: JobOutcome, scores: tuple[Score, ...]) -> None:
+        kind = request.kind
         for s in scores:
             if s.value is None:
                 continue
@@ -352,23 +332,18 @@ class JudgeSpanProcessor(SpanProcessor):
             self._m_score.record(s.value, labels)
             if s.label == "fail":
                 self._m_alerts.add(1, labels)
-        if not self._sinks:
+        if not self._sinks or outcome.result is None or not request.target_span_id:
             return
-        extra: dict[str, str | int | float | bool] = {}
-        for key in (semconv.CHECKPOINT_INDEX, semconv.STREAM_ID, semconv.SESSION_ID):
-            v = attrs.get(key)
-            if isinstance(v, str | int | float | bool):
-                extra[key] = v
         record = EvaluationRecord(
-            trace_id=ctx.trace_id,
-            span_id=ctx.span_id,
-            span_name=span.name,
-            span_type=semconv.SPAN_TYPE_CHECKPOINT if kind == "checkpoint" else semconv.SPAN_TYPE_STREAM,
+            trace_id=request.target_trace_id,
+            span_id=request.target_span_id,
+            span_name=request.target_name,
+            span_type=_KIND_SPAN_TYPE[kind],
             judge=outcome.result.judge,
             scores=scores,
             timestamp_ns=time.time_ns(),
             usage=outcome.result.usage,
-            attributes=extra,
+            attributes=dict(request.attributes),
         )
         for sink in self._sinks:
             try:
@@ -376,28 +351,15 @@ class JudgeSpanProcessor(SpanProcessor):
             except Exception:  # sinks must not raise; if one does, the others still get the record
                 _log.exception("streamjudge: evaluation sink %r failed", sink)
 
-    # --- export ------------------------------------------------------------------------------------
-
-    def _forward(self, span: ReadableSpan, *, status: str | None = None, reason: str | None = None) -> None:
-        if self._downstream is None:
-            return
-        if status is None:
-            self._downstream.on_end(span)
-            return
-        extra: dict[str, AttributeValue] = {semconv.EVAL_STATUS: status}
-        if reason:
-            extra[semconv.EVAL_SKIP_REASON] = reason
-        self._downstream.on_end(_enriched(span, extra, []))
-
     def _emit_evaluator(
-        self, target: ReadableSpan, extra: Mapping[str, AttributeValue], events: Sequence[Event]
+        self, request: JudgeRequest, extra: Mapping[str, AttributeValue], events: Sequence[Event]
     ) -> None:
-        ctx = target.context
-        assert ctx is not None
+        ctx = SpanContext(request.target_trace_id, request.target_span_id, is_remote=False,
+                          trace_flags=TraceFlags(TraceFlags.SAMPLED))
         if self._tracer is None:
             provider = self._tracer_provider or trace.get_tracer_provider()
             self._tracer = provider.get_tracer(semconv.TRACER_NAME)
-        parent = trace.set_span_in_context(trace.NonRecordingSpan(_remote(ctx)))
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(ctx))
         attributes: dict[str, AttributeValue] = {
             semconv.SPAN_TYPE: semconv.SPAN_TYPE_EVALUATOR,
             semconv.GEN_AI_OPERATION_NAME: "evaluate",
@@ -418,11 +380,6 @@ class JudgeSpanProcessor(SpanProcessor):
                 )
             except Exception:
                 _log.debug("streamjudge: log event emit failed", exc_info=True)
-
-
-def _remote(ctx: SpanContext) -> SpanContext:
-    return SpanContext(ctx.trace_id, ctx.span_id, is_remote=False, trace_flags=ctx.trace_flags,
-                       trace_state=ctx.trace_state)
 
 
 def _enriched(

@@ -1,0 +1,377 @@
+"""Drivers of a guarded stream: ``async for`` and ``for`` over a token source, and the end-of-stream wait.
+
+The async driver checks one boolean before each yield; while verdicts are in flight and the source is slow it
+races the next token against them, so a warning is not held back until the next token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from time import perf_counter
+from typing import Any
+
+from streamjudge.judging._session import GuardSession, StreamEvent, TokenSource
+from streamjudge.results import JudgeResult
+
+_log = logging.getLogger(__name__)
+
+_new_event = tuple.__new__
+
+
+class AsyncWaker:
+    """Wakes the stream's event loop from the pool's thread when a verdict arrives.
+
+    Only a driver that is actually waiting is woken (a cross-thread wake-up costs a pipe write and a loop
+    iteration); a busy driver sees ``has_events`` before its next yield anyway. The driver publishes its
+    future before it re-checks the flag, and the pool sets the flag before it reads the future, so one
+    of the two always sees the other.
+    """
+
+    __slots__ = ("_flag", "_fut", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._fut: asyncio.Future[None] | None = None
+        self._flag = False
+
+    def notify(self) -> None:
+        self._flag = True
+        fut = self._fut
+        if fut is None or fut.done():
+            return
+        with contextlib.suppress(RuntimeError):  # loop already closed: nobody is waiting any more
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._release()
+
+    async def wait(self, other: asyncio.Future[Any] | None, timeout: float | None) -> None:
+        fut = self._fut = self._loop.create_future()
+        # one future woken by either side (cheaper than asyncio.wait's per-call set and waiter)
+        release = self._release
+        timer = self._loop.call_later(timeout, release) if timeout is not None else None
+        try:
+            if self._flag:
+                return
+            if other is not None:
+                if other.done():
+                    return
+                other.add_done_callback(release)
+            await fut
+        finally:
+            if other is not None:
+                other.remove_done_callback(release)
+            if timer is not None:
+                timer.cancel()
+            self._fut = None
+            if not fut.done():
+                fut.cancel()
+            self._flag = False
+
+    def _release(self, *_: object) -> None:
+        fut = self._fut
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+
+# a source slower than this between tokens is raced against verdicts, so a warning is not held back
+# until the next token; a faster one is awaited directly (a verdict then waits at most one token gap,
+# and racing would cost every such token a task while a verdict is in flight)
+_RACE_GAP_S = 0.0015
+
+
+class GuardedStream:
+    """What :func:`guard` returns: iterate it (``async for`` or ``for``) to get :class:`StreamEvent`s."""
+
+    def __init__(self, source: TokenSource, session: GuardSession) -> None:
+        self._source = source
+        self.session = session
+
+    @property
+    def final(self) -> concurrent.futures.Future[JudgeResult | None]:
+        """Resolves with the final reconciliation result (None when it was skipped or failed)."""
+        return self.session.final
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self._run_async()
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        return self._run_sync()
+
+    async def _run_async(self) -> AsyncIterator[StreamEvent]:
+        s = self.session
+        loop = asyncio.get_running_loop()
+        waker = AsyncWaker(loop)
+        s.set_notify(waker.notify)
+        # checkpoint-span work waits here until the next token has been asked for: scheduled before that, it
+        # would run ahead of a racing source task's first step and push back the source's own timer
+        deferred: list[Callable[[], None]] = []
+        s.set_deferral(deferred.append)
+        call_soon = loop.call_soon
+        source: AsyncIterator[Any] = _to_async(self._source)
+        nxt: asyncio.Future[Any] | None = None
+        outcome = "completed"
+        hold = s.hold_back
+        slow = False  # measured while verdicts are in flight
+        nxt_started = 0.0
+        try:
+            for ev in s.start():
+                yield ev
+            if s.preflight_blocks and not s.stopped:
+                # the gate may stop the answer: not even the first token is asked for before its verdict
+                deadline = loop.time() + s.settings.preflight_wait_s
+                while s.preflight_pending and loop.time() < deadline:
+                    await waker.wait(None, deadline - loop.time())
+                    for ev in s.drain():
+                        yield ev
+            if s.preflight_pending and not s.stopped:
+                nxt = asyncio.ensure_future(anext(source))
+                deadline = loop.time() + s.settings.preflight_wait_s
+                # the first token waits only when the gate's policy may stop the answer before it
+                while (s.preflight_pending and (s.preflight_blocks or not nxt.done())
+                       and loop.time() < deadline):
+                    await waker.wait(nxt, deadline - loop.time())
+                    for ev in s.drain():
+                        yield ev
+            pending = s._pending  # the set itself: its truthiness is the cheapest "verdicts in flight?"
+            accept = s.accept
+            new_event = _new_event
+            broken = False
+            while True:
+                if s.has_events:
+                    for ev in s.drain():
+                        yield ev
+                    if s.regen_request is not None:
+                        if nxt is not None:
+                            nxt.cancel()
+                            nxt = None
+                        await _aclose(source)
+                        source = _to_async(s.open_regeneration(s.begin_regeneration()))
+                        pending = s._pending
+                        continue
+                if s.stopped:
+                    break
+                if not pending and nxt is None and not s.preflight_pending:
+                    # the fast path: nothing in flight, just the next token
+                    if deferred:
+                        call_soon(deferred.pop())
+                    try:
+                        tok = await source.__anext__()
+                    except StopAsyncIteration:
+                        break
+                elif (pending and slow) or s.preflight_pending:
+                    # verdicts in flight and a slow source: race the next token against them
+                    if nxt is None:
+                        nxt_started = perf_counter()
+                        nxt = asyncio.ensure_future(source.__anext__())
+                    if deferred:
+                        call_soon(deferred.pop())  # after the source task's first step
+                    if not nxt.done():
+                        await waker.wait(nxt, None)
+                        if not nxt.done():
+                            continue
+                    fut, nxt = nxt, None
+                    try:
+                        tok = fut.result()
+                    except StopAsyncIteration:
+                        break
+                    slow = perf_counter() - nxt_started > _RACE_GAP_S
+                elif nxt is not None:
+                    if deferred:
+                        call_soon(deferred.pop())
+                    fut, nxt = nxt, None
+                    try:
+                        tok = await fut
+                    except StopAsyncIteration:
+                        break
+                else:
+                    if deferred:
+                        call_soon(deferred.pop())
+                    t0 = perf_counter()
+                    try:
+                        tok = await source.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    slow = perf_counter() - t0 > _RACE_GAP_S
+                if broken:
+                    if isinstance(tok, str) and tok:
+                        yield new_event(StreamEvent, ("token", tok, None))
+                    continue
+                try:
+                    text = accept(tok)
+                except Exception:  # our bug must not break the user's stream: pass tokens through
+                    _log.exception("streamjudge: guard failed on a token; passing the stream through")
+                    broken = True
+                    text = tok if isinstance(tok, str) else None
+                    hold = False
+                if text is not None and not hold:
+                    # tuple.__new__ skips NamedTuple's Python-level __new__: this runs per token
+                    yield new_event(StreamEvent, ("token", text, None))
+            if nxt is not None:
+                nxt.cancel()
+                nxt = None
+            if s.stopped:
+                outcome = "stopped"
+            else:
+                s.close_tail()
+                while deferred:  # no next token to wait for: the last checkpoint spans end now
+                    deferred.pop()()
+                async for ev in settle(s, waker):
+                    yield ev
+                if s.stopped:
+                    outcome = "stopped"
+            for ev in s.finish(outcome):
+                yield ev
+        except (GeneratorExit, asyncio.CancelledError):
+            s.abort("disconnected")
+            raise
+        except BaseException as exc:
+            s.abort("error", exc)
+            raise
+        finally:
+            s.set_notify(None)
+            s.set_deferral(None)
+            if nxt is not None:
+                nxt.cancel()
+            if s.stopped or outcome != "completed":
+                await _aclose(source)
+
+    def _run_sync(self) -> Iterator[StreamEvent]:
+        s = self.session
+        if not isinstance(self._source, Iterable):
+            raise TypeError("an async token source needs `async for`")
+        woke = threading.Event()
+        s.set_notify(woke.set)
+        source: Iterator[Any] = iter(self._source)
+        outcome = "completed"
+        try:
+            yield from s.start()
+            if s.preflight_blocks:  # the gate may stop the answer before its first token
+                woke.wait(s.settings.preflight_wait_s)
+            while not s.stopped:
+                if s.has_events:
+                    yield from s.drain()
+                    if s.regen_request is not None:
+                        _close_sync(source)
+                        new = s.open_regeneration(s.begin_regeneration())
+                        if not isinstance(new, Iterable):
+                            raise TypeError("regenerate must return a sync iterable for a sync stream")
+                        source = iter(new)
+                        continue
+                    if s.stopped:
+                        break
+                try:
+                    tok = next(source)
+                except StopIteration:
+                    break
+                text = s.accept(tok)
+                if text is not None and not s.hold_back:
+                    yield StreamEvent("token", text)
+            if s.stopped:
+                outcome = "stopped"
+            else:
+                s.close_tail()
+                deadline = time.monotonic() + s.settings.end_wait_s
+                while not s.stopped:
+                    if s.has_events:
+                        yield from s.drain()
+                    remaining = deadline - time.monotonic()
+                    if not s.outstanding or remaining <= 0:
+                        break
+                    woke.clear()
+                    if not s.has_events:
+                        woke.wait(remaining)
+                if s.stopped:
+                    outcome = "stopped"
+            yield from s.finish(outcome)
+        except GeneratorExit:
+            s.abort("disconnected")
+            raise
+        except BaseException as exc:
+            s.abort("error", exc)
+            raise
+        finally:
+            s.set_notify(None)
+            if outcome != "completed":
+                _close_sync(source)
+
+
+async def settle(
+    session: GuardSession, waker: AsyncWaker | None = None, wait_s: float | None = None
+) -> AsyncIterator[StreamEvent]:
+    """End of the token source: yield the events of verdicts still in flight, for at most ``wait_s``
+    (default: the session's ``end_wait_s``), so warnings about the last sentences reach the client before
+    ``done``. Call :meth:`GuardSession.close_tail` first and :meth:`GuardSession.finish` after."""
+    loop = asyncio.get_running_loop()
+    own = waker is None
+    if waker is None:
+        waker = AsyncWaker(loop)
+        session.set_notify(waker.notify)
+    try:
+        deadline = loop.time() + (session.settings.end_wait_s if wait_s is None else wait_s)
+        while not session.stopped:
+            if session.has_events:
+                for ev in session.drain():
+                    yield ev
+            if not session.outstanding or loop.time() >= deadline:
+                break
+            await waker.wait(None, deadline - loop.time())
+        if session.has_events:
+            for ev in session.drain():
+                yield ev
+    finally:
+        if own:
+            session.set_notify(None)
+
+
+def _to_async(source: TokenSource) -> AsyncIterator[Any]:
+    if isinstance(source, AsyncIterable):
+        return aiter(source)
+    if isinstance(source, Iterable):
+        return _SyncToAsync(iter(source))
+    raise TypeError(f"tokens must be an iterable or async iterable, got {type(source).__name__}")
+
+
+class _SyncToAsync:
+    """A sync iterator seen as an async one (a sync source is assumed to be non-blocking)."""
+
+    __slots__ = ("_it",)
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self._it = it
+
+    def __aiter__(self) -> _SyncToAsync:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return next(self._it)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        _close_sync(self._it)
+
+
+async def _aclose(source: AsyncIterator[Any]) -> None:
+    close = getattr(source, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception:
+            _log.debug("streamjudge: closing the token source failed", exc_info=True)
+
+
+def _close_sync(source: Iterator[Any]) -> None:
+    close = getattr(source, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:
+            _log.debug("streamjudge: closing the token source failed", exc_info=True)

@@ -1,0 +1,801 @@
+"""One guarded stream: orchestration of windows, judge requests, verdicts and actions.
+
+The session is driven by a driver (:mod:`streamjudge.judging._drivers`) or a response-body wrapper. It sends
+each closed window to the judging service as one request and reads verdicts from its inbox before each
+yield; nothing on the token path waits for a judge.
+"""
+
+from __future__ import annotations
+
+import codecs
+import concurrent.futures
+import hashlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+from streamjudge import semconv
+from streamjudge.judging._actions import passed_until, warning_data
+from streamjudge.judging._backend import StreamBackend, default_backend
+from streamjudge.judging._windows import Window, Windows
+from streamjudge.results import EvalInput, EvalKind, JobOutcome, JudgeRequest, JudgeResult, Verdict
+
+if TYPE_CHECKING:
+    from streamjudge.config import Settings
+
+_log = logging.getLogger(__name__)
+
+
+class StreamEvent(NamedTuple):
+    """One event of a guarded stream.
+
+    ``type`` is ``token`` (``text`` = the token), ``warning`` (a checkpoint or the pre-flight gate failed;
+    ``data`` names the metric, score, the failing sentences with their char ranges and reasons, and the
+    explanation), ``retract`` (text from ``data["from"]`` to ``data["to"]`` is withdrawn before a
+    regeneration), ``stop`` (``text`` = fallback message; nothing follows but ``done``), or ``done``
+    (``data`` summarises the stream).
+    """
+
+    type: str
+    text: str = ""
+    data: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RegenerateRequest:
+    """What a regenerate callback gets: continue after ``accepted_prefix`` following ``instruction``."""
+
+    question: str
+    contexts: tuple[str, ...]
+    accepted_prefix: str
+    instruction: str
+    attempt: int
+
+
+TokenSource = AsyncIterable[Any] | Iterable[Any]
+RegenerateCallback = Callable[[RegenerateRequest], TokenSource]
+
+
+@dataclass(slots=True)
+class _Checkpoint:
+    index: int
+    start: int
+    end: int
+    tokens: list[str] | None  # hold-back: released once the window passed
+
+
+class GuardSession:
+    """The state of one guarded stream, driven by :func:`~streamjudge.guard` or by a response-body wrapper.
+
+    Call :meth:`start`, then :meth:`accept` per token (pass the token on when it returns text and the
+    mode is stream-first), :meth:`drain` whenever :attr:`has_events` is true, and :meth:`finish` (or
+    :meth:`abort` when the client went away). Not thread-safe except :meth:`post`, which the judging
+    service calls from the judge pool's thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        question: str | None = None,
+        contexts: Sequence[str] | None = None,
+        reference: str | None = None,
+        settings: Settings | None = None,
+        runtime: StreamBackend | None = None,
+        regenerate: RegenerateCallback | None = None,
+        name: str | None = None,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        context: Context | None = None,
+        start_time_ns: int | None = None,
+    ) -> None:
+        self._backend = runtime or default_backend()
+        self.settings: Settings = settings or self._backend.settings
+        self.question = question
+        self.contexts: tuple[str, ...] | None = tuple(contexts) if contexts is not None else None
+        self.reference = reference
+        self._regenerate = regenerate
+        self._name = name or semconv.SPAN_STREAM
+        self._attributes = dict(attributes or {})
+        self._parent = context
+        s = self.settings
+        #: tokens are released only after their window passed (drivers must not emit them themselves)
+        self.hold_back = s.mode == "hold_back"
+        self._thresholds = {m: s.threshold_for(m) for m in (*s.checkpoint_metrics, *s.final_metrics)}
+        self._windows = Windows(s.window_sentences, s.window_chars, s.checkpoint_every)
+        self._decoder: codecs.IncrementalDecoder | None = None
+        self._stats = _Stats()
+        self._verdict = "unjudged"
+        self._judging = True  # decided once at start: sampling, content size
+        self._unjudged_status = ""
+        self._session_id: str | None = None
+        self._skip_checks: str | None = None
+        self._next_index = 0
+        self._window_start_ns = 0
+        self._checkpoints: dict[int, _Checkpoint] = {}
+        self._pending = self._checkpoints  # its truthiness is the drivers' "verdicts in flight?"
+        self._good_end = 0  # the answer up to here passed (contiguous from the start)
+        self._passed: dict[int, int] = {}  # passed ranges not yet contiguous with _good_end
+        self._failed = False  # a sentence failed since the last regeneration
+        self._skips: dict[str, int] = {}
+        # set by an event-loop driver: schedules a callback for after the current token went out
+        self._defer: Callable[[Callable[[], None]], object] | None = None
+        self._to_send: list[tuple[Window, int, int, bool]] = []
+        # verdicts from the pool's thread
+        self._inbox: deque[Verdict] = deque()
+        self._notify: Callable[[], None] | None = None
+        self._out: list[StreamEvent] = []
+        self.has_events = False
+        self.stopped = False
+        self.preflight_pending = False
+        self.regen_request: RegenerateRequest | None = None
+        self.final: concurrent.futures.Future[JudgeResult | None] = concurrent.futures.Future()
+        self._span: trace.Span | None = None
+        self._span_id = 0
+        self._trace_id = 0
+        self._recording = False
+        self._stream_hex = ""
+        # when generation was requested (time to first token counts from here); default: start()
+        self._start_ns = start_time_ns or 0
+        self._finished = False
+
+    # --- the inbox (judge pool's thread) -----------------------------------------------------------
+
+    def post(self, verdict: Verdict) -> None:
+        """Deliver a verdict; called on the judge pool's thread."""
+        if verdict.kind == "answer":
+            if not self.final.done():
+                r = verdict.outcome.result
+                ok = r is not None and verdict.status == "judged"
+                self.final.set_result(JudgeResult(r.judge, verdict.scores, r.usage) if ok and r else None)
+            return
+        self._inbox.append(verdict)
+        self.has_events = True
+        notify = self._notify
+        if notify is not None:
+            notify()
+
+    def set_notify(self, callback: Callable[[], None] | None) -> None:
+        """Called (from any thread) whenever a verdict arrives; drivers use it to wake up."""
+        self._notify = callback
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    @property
+    def outstanding(self) -> int:
+        """Checkpoints still waiting for a verdict."""
+        return len(self._checkpoints)
+
+    @property
+    def span(self) -> trace.Span | None:
+        """The stream span (None before :meth:`start`)."""
+        return self._span
+
+    @property
+    def judging(self) -> bool:
+        """Whether this stream is judged at all (decided at :meth:`start`)."""
+        return self._judging
+
+    def start(self) -> list[StreamEvent]:
+        """Open the stream span, resolve the question and contexts, decide sampling, ask for pre-flight."""
+        backend = self._backend
+        self._start_ns = self._start_ns or time.time_ns()
+        self._window_start_ns = self._start_ns
+        settings = self.settings
+        attrs: dict[str, AttributeValue] = {
+            semconv.SPAN_TYPE: semconv.SPAN_TYPE_STREAM,
+            semconv.STREAM_MODE: settings.mode,
+            semconv.STREAM_ACTION: settings.action,
+            **self._attributes,
+        }
+        span = backend.tracer.start_span(self._name, context=self._parent, attributes=attrs,
+                                         start_time=self._start_ns)
+        self._span = span
+        ctx = span.get_span_context()
+        self._span_id = ctx.span_id
+        self._trace_id = ctx.trace_id
+        # an unsampled trace reaches no processor: its spans carry no results, but the stream is still
+        # judged live (the actions protect the reader whatever the tracing sample)
+        self._recording = span.is_recording()
+        self._stream_hex = format(ctx.span_id, "016x")
+        span.set_attribute(semconv.STREAM_ID, self._stream_hex)
+        stored = None
+        if self.question is not None or self.contexts is not None or self.reference is not None:
+            stored = backend.contexts.register(
+                self._trace_id, question=self.question, contexts=self.contexts, reference=self.reference
+            )
+        else:
+            stored = backend.contexts.get(self._trace_id) or backend.contexts.get(0)
+        if stored is not None:
+            self.question = self.question if self.question is not None else stored.question
+            self.contexts = self.contexts if self.contexts is not None else stored.contexts
+            self.reference = self.reference if self.reference is not None else stored.reference
+            if stored.session_id:
+                self._session_id = stored.session_id
+                span.set_attribute(semconv.SESSION_ID, stored.session_id)
+        if self.question is not None and settings.capture_content:
+            span.set_attribute(semconv.STREAM_QUESTION, self.question)
+        if not backend.service.sampled(self._trace_id):
+            self._judging = False
+            self._unjudged_status = "sampled_out"
+            span.set_attribute(semconv.EVAL_STATUS, "sampled_out")
+        elif self.contexts is not None and _size(self.contexts) > settings.max_judge_input_chars:
+            self._judging = False
+            self._unjudged_status = "skipped"
+            self._record_skip("stream", "contexts_too_large")
+            span.set_attribute(semconv.EVAL_STATUS, "skipped")
+            span.set_attribute(semconv.EVAL_SKIP_REASON, "contexts_too_large")
+        if self.contexts is not None:
+            span.set_attribute(semconv.STREAM_CONTEXT_COUNT, len(self.contexts))
+        if settings.preflight and self._judging:
+            self._preflight()
+        return self._take()
+
+    def set_inputs(self, *, question: str | None = None, contexts: Sequence[str] | None = None) -> None:
+        """Inputs learnt after :meth:`start` (contexts retrieved inside the answer node, before its first
+        token): used from the next checkpoint on, and the pre-flight gate runs now if it could not before."""
+        if question is not None and self.question is None:
+            self.question = question
+        if contexts is None or self._span is None:
+            return
+        had = self.contexts is not None
+        self.contexts = tuple(contexts)
+        self._span.set_attribute(semconv.STREAM_CONTEXT_COUNT, len(self.contexts))
+        if not had and self.settings.preflight and self._judging and not self._stats.tokens:
+            self._preflight()
+
+    def _request(self, kind: EvalKind, text: str, *, prefix: str = "", offset: int = 0, index: int = -1,
+                 target: trace.Span | None = None, target_name: str = "") -> JudgeRequest:
+        s = self.settings
+        metrics = (
+            s.checkpoint_metrics if kind == "checkpoint"
+            else s.final_metrics if kind == "answer" else (semconv.CONTEXT_PRECISION,)
+        )
+        thresholds = self._thresholds
+        if kind == "preflight":
+            thresholds = {semconv.CONTEXT_PRECISION: s.preflight_threshold}
+        target_id = 0
+        if target is not None and self._recording:
+            target_id = target.get_span_context().span_id
+        attributes: dict[str, str | int | float | bool] = {semconv.STREAM_ID: self._stream_hex}
+        if index >= 0:
+            attributes[semconv.CHECKPOINT_INDEX] = index
+        if self._session_id:
+            attributes[semconv.SESSION_ID] = self._session_id
+        return JudgeRequest(
+            item=EvalInput(self.question or "", self.contexts or (), text, kind, self.reference,
+                           prefix, offset),
+            metrics=tuple(metrics),
+            thresholds=thresholds,
+            default_threshold=s.threshold,
+            index=index,
+            # the final pass outlives the stream: it must not count against (or re-create) per-stream state
+            stream_id=self._span_id if kind != "answer" else 0,
+            trace_id=self._trace_id,
+            target_span_id=target_id,
+            target_trace_id=self._trace_id,
+            target_name=target_name,
+            # hold-back releases a window only on its own verdict: no coalescing there
+            coalesce=kind == "checkpoint" and not self.hold_back,
+            reply=self.post,
+            attributes=attributes,
+        )
+
+    def _preflight(self) -> None:
+        if self.contexts is None:
+            self._record_skip("preflight", "contexts_unknown")
+            return
+        self.preflight_pending = True
+        self._backend.service.submit(self._request("preflight", ""))
+
+    @property
+    def preflight_blocks(self) -> bool:
+        """The first token waits for the pre-flight verdict: its policy (stop, skip checks) decides what
+        happens to the answer before it starts. ``warn`` and ``none`` never delay the first token."""
+        return self.preflight_pending and self.settings.preflight_action in ("stop", "skip_checks")
+
+    def _apply_preflight(self, verdict: Verdict) -> None:
+        self.preflight_pending = False
+        span = self._span
+        assert span is not None
+        score = verdict.outcome.result.get(semconv.CONTEXT_PRECISION) if verdict.outcome.result else None
+        if score is None or score.value is None:
+            reason = (score.skipped if score else None) or verdict.outcome.error or verdict.status
+            span.set_attribute(semconv.PREFLIGHT_LABEL, f"skipped:{reason}")
+            return
+        threshold = self.settings.preflight_threshold
+        label = "pass" if score.value >= threshold else "fail"
+        span.set_attribute(semconv.PREFLIGHT_SCORE, score.value)
+        span.set_attribute(semconv.PREFLIGHT_LABEL, label)
+        if label == "pass" or self.settings.preflight_action == "none":
+            return
+        policy = self.settings.preflight_action
+        span.set_attribute(semconv.PREFLIGHT_POLICY, policy)
+        data = {
+            "metric": semconv.CONTEXT_PRECISION,
+            "score": score.value,
+            "threshold": threshold,
+            "stage": "preflight",
+            "explanation": score.explanation,
+            "action": policy,
+        }
+        if policy == "warn":
+            self._emit(StreamEvent("warning", score.explanation or "retrieved context looks weak", data))
+        elif policy == "skip_checks":
+            # checkpoints sent before this verdict came are judged, but say nothing to the reader
+            self._skip_checks = "preflight_low_context"
+        elif policy == "stop" and self._stats.tokens == 0:
+            self._stop(data)
+
+    def accept(self, token: Any) -> str | None:
+        """Record one token; return its text, or None when it was skipped (None, empty, undecodable)."""
+        if token.__class__ is not str or not token.isascii():
+            token = self._normalize(token)
+            if not token:
+                return None
+        elif not token:
+            return None
+        stats = self._stats
+        if not stats.tokens:
+            self._first_token()
+        stats.tokens += 1
+        end = self._windows.feed(token)
+        if end >= 0:
+            self._close_checkpoint(end)
+        return token  # type: ignore[no-any-return]
+
+    def drain(self) -> list[StreamEvent]:
+        """Events ready now: warnings, retractions, stops, tokens released in hold-back mode."""
+        self.has_events = False
+        inbox = self._inbox
+        while inbox:
+            verdict = inbox.popleft()
+            if verdict.kind == "preflight":
+                self._apply_preflight(verdict)
+            else:
+                self._on_verdict(verdict)
+        return self._take()
+
+    def close_tail(self) -> None:
+        """End of the token source: flush the tail sentence and close the last checkpoint."""
+        if self._decoder is not None:
+            tail = self._decoder.decode(b"", final=True)
+            if tail:
+                self._stats.tokens += 1
+                end = self._windows.feed(tail)
+                if end >= 0:
+                    self._close_checkpoint(end)
+        end = self._windows.flush()
+        if end >= 0:
+            self._close_checkpoint(end, final=True)
+
+    def finish(self, outcome: str = "completed") -> list[StreamEvent]:
+        """End the stream span (the final reconciliation starts from it) and return the ``done`` event."""
+        if self._finished:
+            return []
+        self._finished = True
+        self._send_deferred()  # checkpoint spans end before their stream span
+        span = self._span
+        if span is None:
+            return [StreamEvent("done", data={"verdict": "unjudged"})]
+        if self.hold_back and not self.stopped:
+            # whatever is still held was never judged in time: release it, fail-open, and say so
+            for idx in sorted(self._checkpoints):
+                self._release(idx)
+            self._emit_tokens(self._windows.take_open_tokens())
+        text = self._windows.text()
+        summary = self._summary(outcome)
+        st = self._stats
+        for key, value in (
+            (semconv.STREAM_TOKENS, st.tokens),
+            (semconv.STREAM_CHARS, len(text)),
+            (semconv.STREAM_CHECKPOINTS, self._next_index),
+            (semconv.STREAM_ALERTS, st.alerts),
+            (semconv.STREAM_VERDICT, summary["verdict"]),
+            (semconv.STREAM_OUTCOME, outcome),
+            (semconv.STREAM_REGENERATIONS, st.regenerations),
+        ):
+            span.set_attribute(key, value)
+        if st.skipped:
+            span.set_attribute(semconv.STREAM_SKIPPED_TOKENS, st.skipped)
+        for reason, count in self._skips.items():
+            span.set_attribute(f"{semconv.SKIP_REASON}.{reason}", count)
+        if st.ttft_ms is not None:
+            span.set_attribute(semconv.STREAM_TTFT_MS, st.ttft_ms)
+        self._content_attributes(span, semconv.STREAM_ANSWER, semconv.STREAM_ANSWER_LENGTH,
+                                 semconv.STREAM_ANSWER_SHA256, text)
+        ended_well = outcome in ("completed", "stopped")
+        if not ended_well:
+            span.set_attribute(semconv.EVAL_SKIP_REASON, outcome)
+            span.set_status(Status(StatusCode.ERROR, f"stream {outcome}"))
+        service = self._backend.service
+        service.end_stream(self._span_id)
+        skip = self._final_skip(outcome, text)
+        if skip is None:
+            service.submit(self._request("answer", text, target=span, target_name=self._name))
+        else:
+            if self._judging:
+                span.set_attribute(semconv.EVAL_STATUS, "skipped")
+                span.set_attribute(semconv.EVAL_SKIP_REASON, skip)
+            if not self.final.done():
+                self.final.set_result(None)
+        span.end()
+        self._emit(StreamEvent("done", data=summary))
+        return self._take()
+
+    def _final_skip(self, outcome: str, text: str) -> str | None:
+        if not self._judging:
+            return "not_judged"
+        if not self.settings.final_reconcile:
+            return "final_reconcile_off"
+        if outcome not in ("completed", "stopped"):
+            return outcome
+        if not text:
+            return "empty_answer"
+        if len(text) > self.settings.max_judge_input_chars:
+            return "answer_too_large"
+        return None
+
+    def _content_attributes(
+        self, span: trace.Span, key: str, length_key: str, sha_key: str, text: str
+    ) -> None:
+        limit = self.settings.max_text_attribute_chars
+        if self.settings.capture_content:
+            span.set_attribute(key, _capped(text, limit))
+        if not self.settings.capture_content or len(text) > limit:
+            span.set_attribute(length_key, len(text))
+            span.set_attribute(sha_key, _sha256(text))
+
+    def set_deferral(self, schedule: Callable[[Callable[[], None]], object] | None) -> None:
+        """Let checkpoint requests go out via ``schedule`` (e.g. ``loop.call_soon``) instead of inline."""
+        if schedule is None:
+            self._send_deferred()
+        self._defer = schedule
+
+    def abort(self, outcome: str = "disconnected", error: BaseException | None = None) -> None:
+        """The consumer went away or the source failed: cancel queued judge work, end the span."""
+        if self._finished or self._span is None:
+            return
+        self._send_deferred()
+        cancelled = self._backend.service.cancel_stream(self._span_id)
+        self._checkpoints.clear()
+        if error is not None:
+            self._span.record_exception(error)
+        if cancelled:
+            self._span.set_attribute(semconv.JUDGE_CANCELLED_JOBS, cancelled)
+        self.finish(outcome)
+
+    # --- regeneration -------------------------------------------------------------------------------
+
+    def begin_regeneration(self) -> RegenerateRequest:
+        """Reset the running text to the accepted prefix; the driver then switches to the new source."""
+        req = self.regen_request
+        assert req is not None
+        self.regen_request = None
+        self._stats.regenerations += 1
+        self._checkpoints.clear()  # verdicts of retracted text are ignored from here on
+        self._passed.clear()
+        prefix = req.accepted_prefix
+        s = self.settings
+        self._windows = Windows(s.window_sentences, s.window_chars, s.checkpoint_every, prefix)
+        self._good_end = len(prefix)
+        self._failed = False
+        # hold-back: the retracted windows were never released; the new ones are released from here
+        self._stats.ready.clear()
+        self._stats.next_release = self._next_index
+        return req
+
+    def open_regeneration(self, req: RegenerateRequest) -> TokenSource:
+        """Call the user's regenerate callback."""
+        assert self._regenerate is not None
+        return self._regenerate(req)
+
+    # --- internals ----------------------------------------------------------------------------------
+
+    def _normalize(self, token: Any) -> str | None:
+        if isinstance(token, str):
+            try:
+                token.encode("utf-8")
+                return token
+            except UnicodeEncodeError:  # lone surrogates: OTLP needs valid UTF-8
+                self._record_skip("token", "invalid_unicode")
+                return token.encode("utf-8", "replace").decode("utf-8")
+        if isinstance(token, bytes | bytearray | memoryview):
+            if self._decoder is None:
+                self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            text = self._decoder.decode(bytes(token))
+            if "\ufffd" in text:
+                self._record_skip("token", "invalid_utf8")
+            return text
+        if token is None:
+            self._stats.skipped += 1
+            return None
+        content = getattr(token, "content", None)  # LangChain message chunks
+        if isinstance(content, str):
+            return self._normalize(content) if content else None
+        self._stats.skipped += 1
+        self._record_skip("token", f"non_text_token:{type(token).__name__}")
+        return None
+
+    def _first_token(self) -> None:
+        now = time.time_ns()
+        self._stats.ttft_ms = round((now - self._start_ns) / 1e6, 3)
+        if self._span is not None:
+            self._span.add_event(semconv.EVENT_FIRST_TOKEN, timestamp=now)
+
+    def _close_checkpoint(self, end: int, final: bool = False) -> None:
+        index = self._next_index
+        self._next_index += 1
+        window = self._windows.cut(end)
+        judged = self._judging and not self._skip_checks
+        if judged or self.hold_back:
+            self._checkpoints[index] = _Checkpoint(index, window.start, end,
+                                                   window.tokens if self.hold_back else None)
+        now = time.time_ns()
+        started, self._window_start_ns = self._window_start_ns, now
+        if self._defer is None:
+            self._send(window, index, started, now, final)
+        else:
+            # the span and the request (-> judge pool, which wakes the pool's thread) are made right after
+            # this token went out, while the stream waits for the next one, not inside its gap
+            if not self._to_send:
+                self._defer(self._send_deferred)
+            self._to_send.append((window, index, started, final))
+        if not judged and self.hold_back:
+            self._release(index)
+            del self._checkpoints[index]
+
+    def _send_deferred(self) -> None:
+        to_send, self._to_send = self._to_send, []
+        now = time.time_ns()
+        for window, index, started, final in to_send:
+            self._send(window, index, started, now, final)
+
+    def _send(self, window: Window, index: int, start_ns: int, end_ns: int, final: bool) -> None:
+        """Make the checkpoint span and send its request to the judging service."""
+        attrs: dict[str, AttributeValue] = {
+            semconv.SPAN_TYPE: semconv.SPAN_TYPE_CHECKPOINT,
+            semconv.CHECKPOINT_INDEX: index,
+            semconv.CHECKPOINT_CHAR_START: window.start,
+            semconv.CHECKPOINT_CHAR_END: window.end,
+            semconv.CHECKPOINT_SENTENCES: window.sentences,
+            semconv.STREAM_ID: self._stream_hex,
+        }
+        if final:
+            attrs[semconv.CHECKPOINT_FINAL] = True
+        judged = self._judging and not self._skip_checks
+        if not self._judging:
+            attrs[semconv.EVAL_STATUS] = self._unjudged_status
+        elif self._skip_checks:
+            attrs[semconv.EVAL_STATUS] = "skipped"
+            attrs[semconv.EVAL_SKIP_REASON] = self._skip_checks
+        parent = trace.set_span_in_context(self._span) if self._span is not None else None
+        cp = self._backend.tracer.start_span(
+            semconv.SPAN_CHECKPOINT, context=parent, attributes=attrs, start_time=start_ns
+        )
+        if cp.is_recording():
+            self._content_attributes(cp, semconv.CHECKPOINT_TEXT, semconv.CHECKPOINT_TEXT_LENGTH,
+                                     semconv.CHECKPOINT_TEXT_SHA256, window.text)
+        if judged and index in self._checkpoints:
+            self._backend.service.submit(
+                self._request("checkpoint", window.text, prefix=window.prefix, offset=window.start,
+                              index=index, target=cp, target_name=semconv.SPAN_CHECKPOINT)
+            )
+        cp.end(end_time=end_ns)
+
+    def _on_verdict(self, v: Verdict) -> None:
+        cp = self._checkpoints.pop(v.index, None)
+        if cp is None:
+            return  # a checkpoint of text that was retracted since
+        if v.status == "superseded":
+            return  # a newer checkpoint covers these sentences (never in hold-back: no coalescing there)
+        if v.status != "judged":
+            self._record_skip("checkpoint", v.status)
+            if self.hold_back:
+                self._release_tokens(cp)
+            return
+        self._stats.judged_any = True
+        failed = v.failed if not self._skip_checks else ()
+        if not self._failed:
+            self._mark_passed(v.start, passed_until(v))
+        if not failed:
+            if self._verdict == "unjudged":
+                self._verdict = "pass"
+            if self.hold_back:
+                self._release_tokens(cp)
+            return
+        self._alert(v, cp)
+
+    def _mark_passed(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        self._passed[start] = end
+        good = self._good_end
+        while good in self._passed:
+            good = self._passed.pop(good)
+        self._good_end = good
+
+    def _alert(self, v: Verdict, cp: _Checkpoint) -> None:
+        st = self._stats
+        st.alerts += 1
+        self._failed = True
+        score = v.failed[0]
+        action = self.settings.action
+        data = warning_data(v, score, self._threshold(score.name), action)
+        if st.first_alert_char is None:
+            st.first_alert_char = data["char_end"]
+        if self._span is not None:
+            first = data["sentences"][0]
+            self._span.add_event(
+                semconv.EVENT_ALERT,
+                {
+                    semconv.ALERT_METRIC: score.name,
+                    semconv.ALERT_SCORE: score.value if score.value is not None else -1.0,
+                    semconv.ALERT_CHECKPOINT: v.index,
+                    semconv.ALERT_CHAR_START: first["start"],
+                    semconv.ALERT_CHAR_END: first["end"],
+                    semconv.ALERT_REASON: str(first["reason"])[:300] if self.settings.capture_content
+                    else "",
+                },
+            )
+        if action == "regenerate":
+            if self._regenerate is None:
+                data["action"] = "flag"
+                data["reason"] = "no_regenerate_callback"
+            elif st.regenerations >= self.settings.max_regenerations:
+                data["action"] = "stop"
+                data["reason"] = "max_regenerations"
+                action = "stop"
+        self._emit(StreamEvent("warning", score.explanation, data))
+        if action == "stop":
+            self._stop(data)
+        elif action == "regenerate" and self._regenerate is not None:
+            self._start_regeneration(v)
+        else:
+            self._verdict = "flagged"
+            if self.hold_back:
+                self._release_tokens(cp)
+
+    def _threshold(self, metric: str) -> float:
+        return self._thresholds.get(metric, self.settings.threshold)
+
+    def _start_regeneration(self, v: Verdict) -> None:
+        self._verdict = "regenerated"
+        keep = self._good_end
+        text = self._windows.text()
+        shown = len(text)
+        if self.hold_back:
+            # nothing past the last released window was shown, and what was not shown is not kept either
+            shown = self._stats.released_end
+            keep = min(keep, shown)
+        if shown > keep:
+            self._emit(StreamEvent("retract", text[keep:shown], {"from": keep, "to": shown,
+                                                                 "checkpoint": v.index}))
+            if self._span is not None:
+                self._span.add_event(semconv.EVENT_RETRACT, {"from": keep, "to": shown})
+        self.regen_request = RegenerateRequest(
+            question=self.question or "",
+            contexts=self.contexts or (),
+            accepted_prefix=text[:keep],
+            instruction=self.settings.regenerate_instruction,
+            attempt=self._stats.regenerations + 1,
+        )
+        self.has_events = True
+
+    def _stop(self, data: Mapping[str, Any]) -> None:
+        self.stopped = True
+        self._verdict = "stopped"
+        for cp in self._checkpoints.values():
+            cp.tokens = None
+        self._windows.take_open_tokens()
+        if self._span is not None:
+            self._span.add_event(semconv.EVENT_STOP, {semconv.ALERT_METRIC: str(data.get("metric", ""))})
+        self._emit(StreamEvent("stop", self.settings.fallback_message, data))
+
+    def _release(self, index: int) -> None:
+        cp = self._checkpoints.get(index)
+        if cp is not None:
+            self._release_tokens(cp)
+
+    def _release_tokens(self, cp: _Checkpoint) -> None:
+        # hold-back: windows go out in order; a passed window waits for the windows before it
+        cp_tokens, cp.tokens = cp.tokens, None
+        if cp_tokens is None:
+            return
+        self._stats.ready[cp.index] = (cp.end, cp_tokens)
+        ready = self._stats.ready
+        while self._stats.next_release in ready:
+            end, tokens = ready.pop(self._stats.next_release)
+            self._stats.next_release += 1
+            self._stats.released_end = end
+            self._emit_tokens(tokens)
+
+    def _emit_tokens(self, tokens: list[str]) -> None:
+        out = self._out
+        for t in tokens:
+            out.append(StreamEvent("token", t))
+        if tokens:
+            self.has_events = True
+
+    def _emit(self, event: StreamEvent) -> None:
+        self._out.append(event)
+        self.has_events = True
+
+    def _take(self) -> list[StreamEvent]:
+        out, self._out = self._out, []
+        if self.regen_request is not None or self._inbox:
+            self.has_events = True
+        return out
+
+    def _record_skip(self, what: str, reason: str) -> None:
+        # one event per distinct reason (a flood of drops must not push other events out of the span's
+        # bounded event list); the counts go on the span at the end
+        key = f"{what}:{reason}"
+        n = self._skips.get(key, 0)
+        self._skips[key] = n + 1
+        if not n and self._span is not None:
+            self._span.add_event(semconv.EVENT_SKIP, {semconv.SKIP_REASON: key})
+
+    def _summary(self, outcome: str) -> dict[str, Any]:
+        verdict = self._verdict
+        st = self._stats
+        if verdict == "unjudged" and st.judged_any:
+            verdict = "pass"
+        return {
+            "verdict": verdict,
+            "outcome": outcome,
+            "tokens": st.tokens,
+            "chars": self._windows.length,
+            "checkpoints": self._next_index,
+            "alerts": st.alerts,
+            "regenerations": st.regenerations,
+            "first_alert_char": st.first_alert_char,
+            "ttft_ms": st.ttft_ms,
+            "stream_id": self._stream_hex,
+        }
+
+
+class _Stats:
+    """Counters of one stream, and the hold-back release order."""
+
+    __slots__ = ("alerts", "first_alert_char", "judged_any", "next_release", "ready", "regenerations",
+                 "released_end", "skipped", "tokens", "ttft_ms")
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.skipped = 0
+        self.alerts = 0
+        self.regenerations = 0
+        self.first_alert_char: int | None = None
+        self.ttft_ms: float | None = None
+        self.judged_any = False
+        self.next_release = 0
+        self.released_end = 0
+        self.ready: dict[int, tuple[int, list[str]]] = {}
+
+
+def _size(contexts: Sequence[str]) -> int:
+    return sum(len(c) for c in contexts)
+
+
+def _capped(text: str, limit: int) -> str:
+    """At most ``limit`` chars: the head and the tail of a longer text around an elision mark."""
+    if len(text) <= limit:
+        return text
+    half = max(1, (limit - 3) // 2)
+    return f"{text[:half]} … {text[-half:]}"
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
+
+
+__all__ = [
+    "GuardSession", "JobOutcome", "RegenerateCallback", "RegenerateRequest", "StreamEvent", "TokenSource",
+]

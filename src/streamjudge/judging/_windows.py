@@ -1,0 +1,114 @@
+"""Checkpoint windows: the sentence buffer, the window policy and the tokens of the open window. Pure.
+
+A window is the text between two checkpoints: its new sentences are what a checkpoint judges, and in
+hold-back mode its tokens are what is released once it passed. The tokens of the open window are kept as
+they came (a list append per token); closing a window cuts them at the window's end, so no checkpoint ever
+copies the running total text, and the text judged per checkpoint does not grow with the answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamjudge.sentences import CheckpointPolicy, Sentence, SentenceBuffer
+
+#: chars of the answer before a window that travel with it as reference material (pronouns, "the tower")
+PREFIX_CHARS = 600
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One closed window: ``text == answer[start:end]``; ``prefix`` is the (tail of the) text before it."""
+
+    start: int
+    end: int
+    text: str
+    prefix: str
+    tokens: list[str]
+    sentences: int
+
+
+class Windows:
+    """Cuts a token stream into checkpoint windows on sentence boundaries."""
+
+    __slots__ = ("_buf", "_policy", "_sentences", "_skip_until", "_tail", "_tokens", "start")
+
+    def __init__(self, sentences: int, chars: int, every: int, prefix: str = "") -> None:
+        self._buf = SentenceBuffer()
+        self._policy = CheckpointPolicy(sentences, chars, every)
+        self._tokens: list[str] = []
+        self._sentences = 0
+        self._tail = prefix[-PREFIX_CHARS:]
+        # an accepted prefix re-fed after a regeneration: its sentences were judged already
+        self._skip_until = len(prefix)
+        if prefix:
+            self._buf.feed(prefix)
+        self.start = len(prefix)
+
+    @property
+    def length(self) -> int:
+        """Chars of the answer so far."""
+        return self._buf.length
+
+    @property
+    def open_sentences(self) -> int:
+        """Complete sentences in the open window."""
+        return self._sentences
+
+    def text(self) -> str:
+        """The whole answer so far (one join; for the end of the stream, not per checkpoint)."""
+        return self._buf.text()
+
+    def feed(self, token: str) -> int:
+        """Add one token; returns the end of a window it completed, or -1."""
+        self._tokens.append(token)
+        done = self._buf.feed(token)
+        return self._count(done) if done else -1
+
+    def flush(self) -> int:
+        """End of the stream: the end of the last window, or -1 when nothing is left to judge."""
+        self._count(self._buf.flush())
+        if self._sentences > 0 and self._buf.length > self.start:
+            return self._buf.length
+        return -1
+
+    def _count(self, sentences: tuple[Sentence, ...]) -> int:
+        # windows completed by one token (a huge token, a burst) close as one window at the last end
+        add = self._policy.add
+        close_at = -1
+        for s in sentences:
+            if s.end <= self._skip_until:
+                continue
+            self._sentences += 1
+            if add(s):
+                close_at = s.end
+        return close_at
+
+    def cut(self, end: int) -> Window:
+        """Close the open window at ``end``; whatever was fed past ``end`` starts the next one."""
+        tokens = self._tokens
+        over = self._buf.length - end
+        keep: list[str] = []
+        # the token that completed the sentence may carry the next one's start: cut it at `end`
+        while over > 0 and tokens:
+            last = tokens.pop()
+            if len(last) <= over:
+                keep.append(last)
+                over -= len(last)
+            else:
+                tokens.append(last[: len(last) - over])
+                keep.append(last[len(last) - over :])
+                over = 0
+        keep.reverse()
+        self._tokens = keep
+        text = "".join(tokens)
+        window = Window(self.start, end, text, self._tail, tokens, self._sentences)
+        self._tail = (self._tail + text)[-PREFIX_CHARS:]
+        self.start = end
+        self._sentences = 0
+        return window
+
+    def take_open_tokens(self) -> list[str]:
+        """The tokens of the open window (hold-back releases them, fail-open, at the end)."""
+        tokens, self._tokens = self._tokens, []
+        return tokens

@@ -1,0 +1,132 @@
+"""The judging service: the one seam between live streams and judging.
+
+A stream sends a :class:`~streamjudge.results.JudgeRequest` that carries everything its judgement needs
+(what to judge, metrics, *its own* thresholds, where to reply). The service submits it to the judge pool,
+labels the scores with the request's thresholds, hands the result to the export side (the span processor,
+which holds the target span by id), and posts a :class:`~streamjudge.results.Verdict` to the stream's inbox —
+the one cross-thread hand-off. Judging never reaches back into the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from streamjudge.judging.base import Judge
+from streamjudge.judging.pool import JudgeJob, JudgePool
+from streamjudge.judging.processor import JudgeSpanProcessor
+from streamjudge.results import EvalInput, EvalKind, JobOutcome, JudgeRequest, Score, Verdict
+
+_log = logging.getLogger(__name__)
+
+
+class JudgingService:
+    """Turns requests into judge jobs and their outcomes into exported results and verdicts."""
+
+    def __init__(
+        self,
+        *,
+        pool: JudgePool,
+        processor: JudgeSpanProcessor,
+        judges: Callable[[EvalKind], Judge],
+    ) -> None:
+        self.pool = pool
+        self.processor = processor
+        self._judges = judges
+
+    def sampled(self, trace_id: int) -> bool:
+        """Whether a trace is judged at all (decided once, at stream start)."""
+        return self.pool.samples(trace_id)
+
+    def submit(self, request: JudgeRequest) -> bool:
+        """Queue ``request``; its verdict reaches ``request.reply`` exactly once, on the pool's thread.
+
+        False when it was refused at once (full queue, budget...); the verdict has then been delivered or
+        is on its way.
+        """
+        self.processor.expect(request.target_span_id)
+        try:
+            judge = self._judges(request.kind)
+        except Exception as exc:  # judges are built at configure time; a failure here is a bug
+            _log.exception("streamjudge: no judge for %s", request.kind)
+            self._done(request, JobOutcome("error", error=f"no judge: {exc!r}"[:200]))
+            return False
+        return self.pool.submit(self._job(request, judge))
+
+    def skip(self, request: JudgeRequest, reason: str) -> None:
+        """Record that ``request`` is not judged (the stream decided so): its span says why."""
+        self.processor.expect(request.target_span_id)
+        self._done(request, JobOutcome("skipped", error=reason))
+
+    def _job(self, request: JudgeRequest, judge: Judge) -> JudgeJob:
+        return JudgeJob(
+            judge=judge,
+            item=request.item,
+            metrics=request.metrics,
+            callback=lambda outcome: self._done(request, outcome),
+            stream_key=request.stream_id,
+            sample_key=request.trace_id,
+            coalesce=request.coalesce,
+            merge=(lambda older: self._merged(request, judge, older)) if request.coalesce else None,
+            tag=request,
+            size=len(request.item.answer) + len(request.item.prefix),
+        )
+
+    def _merged(self, newer: JudgeRequest, judge: Judge, older: JudgeJob) -> JudgeJob | None:
+        """A job for ``newer`` that also covers the sentences of ``older`` (queued, same stream), or None
+        when the two cannot be joined (their texts are not adjacent)."""
+        old = older.tag
+        if not isinstance(old, JudgeRequest):
+            return None
+        a, b = old.item, newer.item
+        if a.offset + len(a.answer) != b.offset:
+            return None
+        item = EvalInput(
+            question=b.question, contexts=b.contexts, answer=a.answer + b.answer, kind=b.kind,
+            reference=b.reference, prefix=a.prefix, offset=a.offset,
+        )
+        merged = JudgeRequest(
+            item=item, metrics=newer.metrics, thresholds=newer.thresholds,
+            default_threshold=newer.default_threshold, index=newer.index, stream_id=newer.stream_id,
+            trace_id=newer.trace_id, target_span_id=newer.target_span_id,
+            target_trace_id=newer.target_trace_id, target_name=newer.target_name, coalesce=True,
+            reply=newer.reply, attributes=newer.attributes,
+        )
+        return self._job(merged, judge)
+
+    def _done(self, request: JudgeRequest, outcome: JobOutcome) -> None:
+        scores: tuple[Score, ...] = ()
+        item = request.item
+        if outcome.result is not None:
+            scores = tuple(
+                s.with_label(request.threshold_for(s.name), shift=item.offset) for s in outcome.result.scores
+            )
+        try:
+            self.processor.resolve(request, outcome, scores)
+        except Exception:  # the stream still gets its verdict
+            _log.exception("streamjudge: recording a judgement failed")
+        reply = request.reply
+        if reply is None:
+            return
+        verdict = Verdict(request.kind, request.index, outcome, scores, item.offset,
+                          item.offset + len(item.answer))
+        try:
+            reply(verdict)
+        except Exception:
+            _log.exception("streamjudge: posting a verdict to its stream failed")
+
+    def cancel_stream(self, stream_id: int) -> int:
+        """Cancel a stream's queued and running requests (its client went away). Returns how many."""
+        return self.pool.cancel_stream(stream_id)
+
+    def end_stream(self, stream_id: int) -> None:
+        """Forget a finished stream's per-stream state (its queued requests still run)."""
+        self.pool.end_stream(stream_id)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        """Wait until every request has its verdict."""
+        return self.pool.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: int = 30_000) -> bool:
+        """Drain the pool within the deadline; what is left gets a ``shutdown`` verdict."""
+        return self.pool.shutdown(timeout_millis)
