@@ -7,8 +7,17 @@ answer is judged off the token path while the user reads it.
 from streamjudge._version import __version__
 from streamjudge.config import ConfigError, Settings, load_settings
 from streamjudge.instrumentation import instrument_app
-from streamjudge.judging.base import EvalInput, Judge, JudgeError, JudgeResult, Score, TransientJudgeError
+from streamjudge.judging.base import (
+    EvalInput,
+    Judge,
+    JudgeError,
+    JudgeResult,
+    Score,
+    SentenceScore,
+    TransientJudgeError,
+)
 from streamjudge.judging.guard import GuardedStream, GuardSession, RegenerateRequest, StreamEvent, guard
+from streamjudge.results import Verdict
 from streamjudge.runtime import Runtime, configure, current_runtime, get_runtime
 
 __all__ = [
@@ -22,9 +31,11 @@ __all__ = [
     "RegenerateRequest",
     "Runtime",
     "Score",
+    "SentenceScore",
     "Settings",
     "StreamEvent",
     "TransientJudgeError",
+    "Verdict",
     "__version__",
     "configure",
     "current_runtime",

@@ -1,0 +1,385 @@
+"""The seam between the live stream and judging: requests, verdicts about sentences, per-stream settings.
+
+The guard is driven here against a fake judging service that records each request and answers it at once on
+the calling thread — no pool, no threads, no sleeps — so what the guard asks for and what it does with the
+answer can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+import streamjudge
+from _fakes import GatedJudge
+from conftest import Harness
+from streamjudge import semconv
+from streamjudge._context import ContextStore
+from streamjudge.config import Settings
+from streamjudge.judging.base import EvalInput, JudgeResult, Score, SentenceScore
+from streamjudge.judging.pool import JudgePool
+from streamjudge.judging.processor import JudgeSpanProcessor
+from streamjudge.judging.service import JudgingService
+from streamjudge.results import JobOutcome, JudgeRequest, Verdict
+from streamjudge.sentences import split_sentences
+
+CONTEXTS = ("The sky is blue. Grass is green. Water is wet.",)
+MARK = "HALLUCINATED"
+
+
+def sentence_scores(text: str) -> tuple[float, tuple[SentenceScore, ...]]:
+    """Per sentence: 0 when it carries the marker, else 1; the value is the share of good sentences."""
+    sentences = tuple(
+        SentenceScore(s.start, s.end, 0.0 if MARK in s.text else 1.0, "contains the marker" if MARK in s.text else "")
+        for s in split_sentences(text)
+    )
+    value = sum(s.value for s in sentences) / len(sentences) if sentences else 1.0
+    return value, sentences
+
+
+class SentenceJudge:
+    """Scores each sentence of the judged text (a stand-in for the local judge, exact and instant)."""
+
+    name = "sentences"
+
+    def __init__(self) -> None:
+        self.items: list[EvalInput] = []
+
+    def score(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        self.items.append(item)
+        out = []
+        for m in metrics:
+            if m == semconv.FAITHFULNESS and item.answer:
+                value, sentences = sentence_scores(item.answer)
+                out.append(Score(m, value, sentences=sentences))
+            else:
+                out.append(Score(m, 0.9))
+        return JudgeResult(self.name, tuple(out))
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        return self.score(item, metrics)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class FakeService:
+    """Records requests and posts each verdict synchronously, as the real service would from its thread."""
+
+    def __init__(self, judge: SentenceJudge, *, sampled: bool = True) -> None:
+        self.judge = judge
+        self.requests: list[JudgeRequest] = []
+        self._sampled = sampled
+
+    def sampled(self, trace_id: int) -> bool:
+        return self._sampled
+
+    def submit(self, request: JudgeRequest) -> bool:
+        self.requests.append(request)
+        result = self.judge.score(request.item, request.metrics)
+        scores = tuple(s.with_label(request.threshold_for(s.name), shift=request.item.offset) for s in result.scores)
+        item = request.item
+        assert request.reply is not None
+        request.reply(Verdict(request.kind, request.index, JobOutcome("judged", result), scores, item.offset,
+                              item.offset + len(item.answer)))
+        return True
+
+    def cancel_stream(self, stream_id: int) -> int:
+        return 0
+
+    def end_stream(self, stream_id: int) -> None:
+        return None
+
+
+class FakeBackend:
+    """What a stream needs from the process, with a recording tracer."""
+
+    def __init__(self, service: FakeService, settings: Settings) -> None:
+        self.exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracer = provider.get_tracer("test")
+        self.settings = settings
+        self.contexts = ContextStore()
+        self.service = service
+
+
+def guarded(answer: str, **settings: Any) -> tuple[list[streamjudge.StreamEvent], FakeService]:
+    s = Settings(preflight=False, final_reconcile=False, **settings)
+    service = FakeService(SentenceJudge())
+    backend = FakeBackend(service, s)
+    tokens = [w + " " for w in answer.split(" ")]
+    events = list(streamjudge.guard(tokens, question="sky", contexts=CONTEXTS, runtime=backend))  # type: ignore[arg-type]
+    return events, service
+
+
+def warnings(events: list[streamjudge.StreamEvent]) -> list[dict[str, Any]]:
+    return [dict(e.data or {}) for e in events if e.type == "warning"]
+
+
+def answer_text(events: list[streamjudge.StreamEvent]) -> str:
+    return "".join(e.text for e in events if e.type == "token")
+
+
+def test_each_checkpoint_asks_about_its_new_sentences_with_the_text_before_as_reference() -> None:
+    answer = "The sky is blue. Grass is green. Water is wet. The sky is blue again."
+    events, service = guarded(answer)
+    text = answer_text(events)
+    cps = [r for r in service.requests if r.kind == "checkpoint"]
+    assert len(cps) == 2
+    # together the requests cover the answer exactly once, each at its offset
+    assert "".join(r.item.answer for r in cps) == text
+    for r in cps:
+        assert text[r.item.offset : r.item.offset + len(r.item.answer)] == r.item.answer
+        assert text[: r.item.offset].endswith(r.item.prefix)
+    assert cps[1].item.prefix.startswith("The sky is blue.")
+
+
+def test_a_grounded_sentence_after_a_fabricated_one_is_not_underlined() -> None:
+    answer = f"The sky is blue. Grass is {MARK} purple. Water is wet."
+    events, _ = guarded(answer, window_sentences=1)
+    text = answer_text(events)
+    (w,) = warnings(events)
+    (bad,) = w["sentences"]
+    assert text[bad["start"] : bad["end"]] == f"Grass is {MARK} purple."
+    assert (w["char_start"], w["char_end"]) == (bad["start"], bad["end"])
+
+
+def test_a_window_underlines_only_its_failing_sentence_and_says_why() -> None:
+    answer = f"The sky is blue. Grass is {MARK} purple. Water is wet. The sky is blue again."
+    events, _ = guarded(answer, window_sentences=2)
+    text = answer_text(events)
+    (w,) = warnings(events)
+    assert [text[s["start"] : s["end"]] for s in w["sentences"]] == [f"Grass is {MARK} purple."]
+    assert w["sentences"][0]["reason"] == "contains the marker"
+    assert w["sentences"][0]["score"] == 0.0
+
+
+def test_a_late_fabricated_sentence_in_a_long_answer_is_flagged() -> None:
+    # on the running text this scored 0.75 (3 of 4 supported) and passed 0.7
+    answer = f"The sky is blue. Grass is green. Water is wet. The moon is {MARK} cheese."
+    events, _ = guarded(answer, window_sentences=2)
+    text = answer_text(events)
+    (w,) = warnings(events)
+    assert [text[s["start"] : s["end"]] for s in w["sentences"]] == [f"The moon is {MARK} cheese."]
+
+
+def test_a_streams_own_thresholds_label_its_scores() -> None:
+    # one sentence in two fails at 0.5 -> the window's share is 0.5; a threshold of 0.4 on the stream must
+    # still fail it, because a failing sentence fails the window whatever the average
+    answer = f"The sky is blue. Grass is {MARK} purple."
+    events, service = guarded(answer, threshold=0.4, window_sentences=2)
+    assert warnings(events)
+    (req,) = [r for r in service.requests if r.kind == "checkpoint"]
+    assert req.threshold_for(semconv.FAITHFULNESS) == 0.4
+
+
+def test_an_unsampled_stream_sends_no_request_and_never_waits() -> None:
+    s = Settings(preflight=False)
+    service = FakeService(SentenceJudge(), sampled=False)
+    backend = FakeBackend(service, s)
+    events = list(streamjudge.guard([f"Grass is {MARK}. ", "Sky. "], question="q", contexts=CONTEXTS,
+                                    runtime=backend))  # type: ignore[arg-type]
+    assert service.requests == []
+    assert [e.type for e in events][-1] == "done"
+    (stream,) = [x for x in backend.exporter.get_finished_spans() if x.name == semconv.SPAN_STREAM]
+    assert stream.attributes[semconv.EVAL_STATUS] == "sampled_out"
+
+
+# --- the real service and processor ------------------------------------------------------------------
+
+
+class _Script:
+    """A judge with a fixed faithfulness value (no sentences): for threshold tests."""
+
+    name = "fixed"
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        return JudgeResult(self.name, tuple(Score(m, self.value) for m in metrics))
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def _words(text: str) -> AsyncIterator[str]:
+    for w in text.split(" "):
+        yield w + " "
+        await asyncio.sleep(0.002)
+
+
+def _consume(stream: Any) -> list[streamjudge.StreamEvent]:
+    async def go() -> list[streamjudge.StreamEvent]:
+        return [e async for e in stream]
+
+    return asyncio.run(go())
+
+
+def test_per_stream_settings_label_scores_on_the_exported_spans(harness: Harness) -> None:
+    rt = harness.configure(_Script(0.8), preflight=False)
+    strict = replace(rt.settings, threshold=0.9)
+    events = _consume(streamjudge.guard(_words("The sky is blue. Grass is green."), question="sky",
+                                        contexts=CONTEXTS, settings=strict))
+    assert warnings(events), "a 0.8 score must fail this stream's 0.9 threshold"
+    spans = harness.spans()
+    cps = [s for s in spans if s.name == semconv.SPAN_CHECKPOINT]
+    assert cps and all(c.attributes[semconv.label_attribute(semconv.FAITHFULNESS)] == "fail" for c in cps)
+    (stream,) = [s for s in spans if s.name == semconv.SPAN_STREAM]
+    assert stream.attributes[semconv.label_attribute(semconv.FAITHFULNESS)] == "fail"
+    # the runtime's own threshold (0.7) still applies to other streams
+    events = _consume(streamjudge.guard(_words("The sky is blue."), question="sky", contexts=CONTEXTS))
+    assert not warnings(events)
+
+
+def test_an_answer_with_a_failed_sentence_is_never_labelled_pass(harness: Harness) -> None:
+    harness.configure(SentenceJudge(), preflight=False)
+    # 4 of 5 sentences supported: 0.8 on average, above 0.7; the fabricated one fails the answer
+    answer = f"The sky is blue. Grass is green. Water is wet. Sky is blue. The moon is {MARK} cheese."
+    _consume(streamjudge.guard(_words(answer), question="sky", contexts=CONTEXTS))
+    (stream,) = [s for s in harness.spans() if s.name == semconv.SPAN_STREAM]
+    assert stream.attributes[semconv.score_attribute(semconv.FAITHFULNESS)] == pytest.approx(0.8)
+    assert stream.attributes[semconv.label_attribute(semconv.FAITHFULNESS)] == "fail"
+    assert stream.attributes[semconv.sentences_attribute(semconv.FAITHFULNESS, "failed")] == 1
+    assert stream.attributes[semconv.sentences_attribute(semconv.FAITHFULNESS, "worst")] == 0.0
+    start, end = stream.attributes[semconv.sentences_attribute(semconv.FAITHFULNESS, "ranges")]
+    assert answer[start:end] == f"The moon is {MARK} cheese."
+
+
+def test_configure_twice_keeps_judging_and_exporting() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    first = streamjudge.configure(Settings(preflight=False), tracer_provider=provider,
+                                  downstream=SimpleSpanProcessor(exporter), judge=_Script(0.2), set_global=False)
+    second = streamjudge.configure(Settings(preflight=False), tracer_provider=provider, judge=_Script(0.2),
+                                   set_global=False)
+    try:
+        assert second.processor.owns_export, "the second runtime takes the first one's export path"
+        from streamjudge import _sdk
+
+        assert first.processor not in _sdk.span_processors(provider)
+        events = _consume(streamjudge.guard(_words("The sky is blue. Grass is green."), question="sky",
+                                            contexts=CONTEXTS))
+        assert warnings(events), "judging goes on after the second configure()"
+        second.force_flush(10_000)
+        judged = [s for s in exporter.get_finished_spans() if s.attributes.get(semconv.EVAL_STATUS) == "judged"]
+        assert judged
+    finally:
+        second.shutdown()
+
+
+def test_an_unsampled_trace_is_judged_live_but_holds_no_span(harness: Harness) -> None:
+    rt = harness.configure(SentenceJudge(), preflight=False)
+    parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(0xABC, 0xDEF, is_remote=True,
+                                                                    trace_flags=TraceFlags(0))))
+    answer = f"The sky is blue. Grass is {MARK} purple."
+    provider = TracerProvider(sampler=streamjudge_parent_based())
+    provider.add_span_processor(rt.processor)
+    tracer = provider.get_tracer("t")
+
+    class Backend:
+        settings = rt.settings
+        contexts = rt.contexts
+        service = rt.service
+
+    Backend.tracer = tracer  # type: ignore[attr-defined]
+    events = _consume(streamjudge.guard(_words(answer), question="sky", contexts=CONTEXTS, context=parent,
+                                        runtime=Backend()))  # type: ignore[arg-type]
+    assert warnings(events), "the reader is protected whatever the tracing sample"
+    assert rt.processor.held == 0
+
+
+def streamjudge_parent_based() -> Any:
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    return ParentBased(TraceIdRatioBased(1.0))
+
+
+def test_coalescing_covers_every_sentence_of_the_superseded_request() -> None:
+    gate = threading.Event()
+    blocker = GatedJudge(gate)
+    judge = SentenceJudge()
+    pool = JudgePool(concurrency=1)
+    processor = JudgeSpanProcessor()
+    got: list[Verdict] = []
+    judges = {"preflight": blocker}
+    service = JudgingService(pool=pool, processor=processor, judges=lambda kind: judges.get(kind, judge))  # type: ignore[arg-type,return-value]
+
+    def req(kind: str, text: str, offset: int, index: int) -> JudgeRequest:
+        return JudgeRequest(item=EvalInput("q", CONTEXTS, text, kind, offset=offset),  # type: ignore[arg-type]
+                            metrics=(semconv.FAITHFULNESS,), thresholds={}, index=index, stream_id=7,
+                            coalesce=kind == "checkpoint", reply=got.append)
+
+    try:
+        service.submit(req("preflight", "", 0, -1))  # occupies the only slot
+        a, b = f"Grass is {MARK}. ", "Water is wet. "
+        service.submit(req("checkpoint", a, 0, 0))
+        service.submit(req("checkpoint", b, len(a), 1))  # supersedes 0 while it waits in the queue
+        gate.set()
+        assert pool.force_flush(10_000)
+    finally:
+        pool.shutdown(5_000)
+    by_index = {v.index: v for v in got}
+    assert by_index[0].status == "superseded"
+    merged = by_index[1]
+    assert (merged.start, merged.end) == (0, len(a) + len(b))
+    (score,) = merged.scores
+    failing = [s for s in score.sentences if s.label == "fail"]
+    assert [(a + b)[s.start : s.end] for s in failing] == [f"Grass is {MARK}."]
+
+
+def test_the_public_api_is_pinned() -> None:
+    assert sorted(streamjudge.__all__) == sorted([
+        "ConfigError", "EvalInput", "GuardSession", "GuardedStream", "Judge", "JudgeError", "JudgeResult",
+        "RegenerateRequest", "Runtime", "Score", "SentenceScore", "Settings", "StreamEvent",
+        "TransientJudgeError", "Verdict", "__version__", "configure", "current_runtime", "get_runtime", "guard",
+        "instrument_app", "load_settings",
+    ])
+    for name in streamjudge.__all__:
+        assert getattr(streamjudge, name) is not None
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("stage", "forbidden"),
+    [
+        ("judging", ("streamjudge.runtime", "streamjudge.instrumentation", "streamjudge.exporters.langfuse",
+                     "streamjudge.exporters.phoenix")),
+        ("exporters", ("streamjudge.runtime", "streamjudge.instrumentation", "streamjudge.judging")),
+    ],
+)
+def test_imports_run_one_way(stage: str, forbidden: tuple[str, ...]) -> None:
+    root = Path(streamjudge.__file__).parent / stage
+    bad = {
+        str(p.relative_to(root)): sorted(m for m in _imports(p) if m.startswith(forbidden))
+        for p in root.rglob("*.py")
+    }
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_results_imports_no_stage() -> None:
+    mods = _imports(Path(streamjudge.__file__).parent / "results.py")
+    assert not [m for m in mods if m.startswith("streamjudge.") and m != "streamjudge.semconv"]
