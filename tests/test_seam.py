@@ -383,3 +383,17 @@ def test_imports_run_one_way(stage: str, forbidden: tuple[str, ...]) -> None:
 def test_results_imports_no_stage() -> None:
     mods = _imports(Path(streamjudge.__file__).parent / "results.py")
     assert not [m for m in mods if m.startswith("streamjudge.") and m != "streamjudge.semconv"]
+
+
+def test_a_deferred_final_pass_leaves_what_a_worker_needs_on_the_answer_span(harness: Harness) -> None:
+    judge = SentenceJudge()
+    harness.configure(judge, preflight=False, final_pass="deferred")
+    answer = "The sky is blue. Grass is green."
+    _consume(streamjudge.guard(_words(answer), question="sky", contexts=CONTEXTS))
+    (stream,) = [s for s in harness.spans() if s.name == semconv.SPAN_STREAM]
+    assert stream.attributes[semconv.EVAL_STATUS] == "deferred"
+    assert stream.attributes[semconv.STREAM_ANSWER].strip() == answer
+    assert tuple(stream.attributes[semconv.STREAM_CONTEXTS]) == CONTEXTS
+    assert stream.attributes[semconv.STREAM_QUESTION] == "sky"
+    # checkpoints are still judged live, the answer is not judged here
+    assert all(i.kind == "checkpoint" for i in judge.items)

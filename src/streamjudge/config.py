@@ -19,10 +19,12 @@ from streamjudge import semconv
 Action = Literal["flag", "regenerate", "stop"]
 Mode = Literal["stream_first", "hold_back"]
 PreflightAction = Literal["none", "warn", "skip_checks", "stop"]
+FinalPass = Literal["local", "deferred"]
 
 _ACTIONS: tuple[str, ...] = ("flag", "regenerate", "stop")
 _MODES: tuple[str, ...] = ("stream_first", "hold_back")
 _PREFLIGHT_ACTIONS: tuple[str, ...] = ("none", "warn", "skip_checks", "stop")
+_FINAL_PASSES: tuple[str, ...] = ("local", "deferred")
 
 DEFAULT_FALLBACK = (
     "I'm not confident the rest of this answer is supported by the sources, so I stopped here."
@@ -94,6 +96,9 @@ class Settings:
     preflight_action: PreflightAction = "warn"
     preflight_wait_s: float = 0.05
     final_reconcile: bool = True
+    # where the final pass runs: in this process, or in `streamjudge worker` processes behind the collector
+    # (the answer span then carries question, contexts and answer once, and says `deferred`)
+    final_pass: FinalPass = "local"
     # how long the guard waits at end of stream for verdicts still in flight (off the token path)
     end_wait_s: float = 2.0
     # judge pool
@@ -135,6 +140,8 @@ class Settings:
             raise ConfigError(f"action must be one of {_ACTIONS}, got {self.action!r}")
         if self.mode not in _MODES:
             raise ConfigError(f"mode must be one of {_MODES}, got {self.mode!r}")
+        if self.final_pass not in _FINAL_PASSES:
+            raise ConfigError(f"final_pass must be one of {_FINAL_PASSES}, got {self.final_pass!r}")
         if self.preflight_action not in _PREFLIGHT_ACTIONS:
             raise ConfigError(
                 f"preflight_action must be one of {_PREFLIGHT_ACTIONS}, got {self.preflight_action!r}"
@@ -268,6 +275,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "preflight_action": ("PREFLIGHT_ACTION", None),
     "preflight_wait_s": ("PREFLIGHT_WAIT", _float),
     "final_reconcile": ("FINAL_RECONCILE", _bool),
+    "final_pass": ("FINAL_PASS", None),
     "end_wait_s": ("END_WAIT", _float),
     "sample_rate": ("SAMPLE_RATE", _float),
     "concurrency": ("CONCURRENCY", _int),

@@ -40,6 +40,9 @@ STREAM_ANSWER: Final = "streamjudge.answer"
 STREAM_ANSWER_LENGTH: Final = "streamjudge.answer.length"
 STREAM_ANSWER_SHA256: Final = "streamjudge.answer.sha256"
 STREAM_CONTEXT_COUNT: Final = "streamjudge.contexts.count"
+# on a deferred answer span only: what a worker needs for the final pass, once per trace
+STREAM_CONTEXTS: Final = "streamjudge.contexts"
+STREAM_REFERENCE: Final = "streamjudge.reference"
 PREFLIGHT_SCORE: Final = "streamjudge.preflight.context_precision"
 PREFLIGHT_LABEL: Final = "streamjudge.preflight.label"
 PREFLIGHT_POLICY: Final = "streamjudge.preflight.policy"
@@ -112,6 +115,9 @@ ALERT_CHAR_END: Final = "streamjudge.alert.char_end"
 ALERT_CHAR_START: Final = "streamjudge.alert.char_start"
 ALERT_REASON: Final = "streamjudge.alert.reason"
 SKIP_REASON: Final = "streamjudge.skip.reason"
+#: on the stream span at its end: what was skipped (``what:reason``) and how often, as parallel arrays
+SKIP_REASONS: Final = "streamjudge.skip.reasons"
+SKIP_COUNTS: Final = "streamjudge.skip.counts"
 
 # --- LangGraph node spans ------------------------------------------------------------------------
 NODE_NAME: Final = "node"

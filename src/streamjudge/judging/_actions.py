@@ -6,8 +6,12 @@ each); a judge that does not score sentences fails the whole judged range instea
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.util.types import AttributeValue
+
+from streamjudge import semconv
 from streamjudge.results import Score, Verdict
 
 
@@ -49,3 +53,39 @@ def passed_until(verdict: Verdict) -> int:
     if verdict.failed and not starts:
         return verdict.start
     return min(starts) if starts else verdict.end
+
+
+@dataclass(frozen=True, slots=True)
+class PreflightGate:
+    """What the pre-flight verdict decides: attributes for the stream span, and the policy to apply
+    (``""`` when the contexts passed, the gate is off, or no score came)."""
+
+    attributes: dict[str, AttributeValue]
+    policy: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def preflight_gate(verdict: Verdict, threshold: float, action: str) -> PreflightGate:
+    """Read the context-precision verdict of the pre-flight gate against ``threshold``."""
+    result = verdict.outcome.result
+    score = result.get(semconv.CONTEXT_PRECISION) if result else None
+    if score is None or score.value is None:
+        reason = (score.skipped if score else None) or verdict.outcome.error or verdict.status
+        return PreflightGate({semconv.PREFLIGHT_LABEL: f"skipped:{reason}"})
+    label = "pass" if score.value >= threshold else "fail"
+    attributes: dict[str, AttributeValue] = {
+        semconv.PREFLIGHT_SCORE: score.value,
+        semconv.PREFLIGHT_LABEL: label,
+    }
+    if label == "pass" or action == "none":
+        return PreflightGate(attributes)
+    attributes[semconv.PREFLIGHT_POLICY] = action
+    data = {
+        "metric": semconv.CONTEXT_PRECISION,
+        "score": score.value,
+        "threshold": threshold,
+        "stage": "preflight",
+        "explanation": score.explanation,
+        "action": action,
+    }
+    return PreflightGate(attributes, action, data)

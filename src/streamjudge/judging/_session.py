@@ -7,9 +7,7 @@ yield; nothing on the token path waits for a judge.
 
 from __future__ import annotations
 
-import codecs
 import concurrent.futures
-import hashlib
 import logging
 import time
 from collections import deque
@@ -23,9 +21,11 @@ from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
-from streamjudge.judging._actions import passed_until, warning_data
+from streamjudge.judging._actions import passed_until, preflight_gate, warning_data
 from streamjudge.judging._backend import StreamBackend, default_backend
-from streamjudge.judging._windows import Window, Windows
+from streamjudge.judging._telemetry import ANSWER_KEYS, CHECKPOINT_KEYS, set_text, skip_attributes
+from streamjudge.judging._tokens import TokenText
+from streamjudge.judging._windows import ReleaseOrder, Window, Windows
 from streamjudge.results import EvalInput, EvalKind, JobOutcome, JudgeRequest, JudgeResult, Verdict
 
 if TYPE_CHECKING:
@@ -109,7 +109,8 @@ class GuardSession:
         self.hold_back = s.mode == "hold_back"
         self._thresholds = {m: s.threshold_for(m) for m in (*s.checkpoint_metrics, *s.final_metrics)}
         self._windows = Windows(s.window_sentences, s.window_chars, s.checkpoint_every)
-        self._decoder: codecs.IncrementalDecoder | None = None
+        self._text = TokenText(self._record_skip)
+        self._order = ReleaseOrder()
         self._stats = _Stats()
         self._verdict = "unjudged"
         self._judging = True  # decided once at start: sampling, content size
@@ -304,29 +305,11 @@ class GuardSession:
         self.preflight_pending = False
         span = self._span
         assert span is not None
-        score = verdict.outcome.result.get(semconv.CONTEXT_PRECISION) if verdict.outcome.result else None
-        if score is None or score.value is None:
-            reason = (score.skipped if score else None) or verdict.outcome.error or verdict.status
-            span.set_attribute(semconv.PREFLIGHT_LABEL, f"skipped:{reason}")
-            return
-        threshold = self.settings.preflight_threshold
-        label = "pass" if score.value >= threshold else "fail"
-        span.set_attribute(semconv.PREFLIGHT_SCORE, score.value)
-        span.set_attribute(semconv.PREFLIGHT_LABEL, label)
-        if label == "pass" or self.settings.preflight_action == "none":
-            return
-        policy = self.settings.preflight_action
-        span.set_attribute(semconv.PREFLIGHT_POLICY, policy)
-        data = {
-            "metric": semconv.CONTEXT_PRECISION,
-            "score": score.value,
-            "threshold": threshold,
-            "stage": "preflight",
-            "explanation": score.explanation,
-            "action": policy,
-        }
+        gate = preflight_gate(verdict, self.settings.preflight_threshold, self.settings.preflight_action)
+        span.set_attributes(gate.attributes)
+        policy, data = gate.policy, gate.data
         if policy == "warn":
-            self._emit(StreamEvent("warning", score.explanation or "retrieved context looks weak", data))
+            self._emit(StreamEvent("warning", data["explanation"] or "retrieved context looks weak", data))
         elif policy == "skip_checks":
             # checkpoints sent before this verdict came are judged, but say nothing to the reader
             self._skip_checks = "preflight_low_context"
@@ -336,7 +319,7 @@ class GuardSession:
     def accept(self, token: Any) -> str | None:
         """Record one token; return its text, or None when it was skipped (None, empty, undecodable)."""
         if token.__class__ is not str or not token.isascii():
-            token = self._normalize(token)
+            token = self._text.text(token)
             if not token:
                 return None
         elif not token:
@@ -364,13 +347,12 @@ class GuardSession:
 
     def close_tail(self) -> None:
         """End of the token source: flush the tail sentence and close the last checkpoint."""
-        if self._decoder is not None:
-            tail = self._decoder.decode(b"", final=True)
-            if tail:
-                self._stats.tokens += 1
-                end = self._windows.feed(tail)
-                if end >= 0:
-                    self._close_checkpoint(end)
+        tail = self._text.tail()
+        if tail:
+            self._stats.tokens += 1
+            end = self._windows.feed(tail)
+            if end >= 0:
+                self._close_checkpoint(end)
         end = self._windows.flush()
         if end >= 0:
             self._close_checkpoint(end, final=True)
@@ -402,14 +384,13 @@ class GuardSession:
             (semconv.STREAM_REGENERATIONS, st.regenerations),
         ):
             span.set_attribute(key, value)
-        if st.skipped:
-            span.set_attribute(semconv.STREAM_SKIPPED_TOKENS, st.skipped)
-        for reason, count in self._skips.items():
-            span.set_attribute(f"{semconv.SKIP_REASON}.{reason}", count)
+        if self._text.skipped:
+            span.set_attribute(semconv.STREAM_SKIPPED_TOKENS, self._text.skipped)
+        span.set_attributes(skip_attributes(self._skips))
         if st.ttft_ms is not None:
             span.set_attribute(semconv.STREAM_TTFT_MS, st.ttft_ms)
-        self._content_attributes(span, semconv.STREAM_ANSWER, semconv.STREAM_ANSWER_LENGTH,
-                                 semconv.STREAM_ANSWER_SHA256, text)
+        set_text(span, ANSWER_KEYS, text, capture=self.settings.capture_content,
+                 limit=self.settings.max_text_attribute_chars)
         ended_well = outcome in ("completed", "stopped")
         if not ended_well:
             span.set_attribute(semconv.EVAL_SKIP_REASON, outcome)
@@ -417,7 +398,11 @@ class GuardSession:
         service = self._backend.service
         service.end_stream(self._span_id)
         skip = self._final_skip(outcome, text)
-        if skip is None:
+        if skip is None and self.settings.final_pass == "deferred":
+            self._defer_final(span, text)
+            if not self.final.done():
+                self.final.set_result(None)
+        elif skip is None:
             service.submit(self._request("answer", text, target=span, target_name=self._name))
         else:
             if self._judging:
@@ -428,6 +413,21 @@ class GuardSession:
         span.end()
         self._emit(StreamEvent("done", data=summary))
         return self._take()
+
+    def _defer_final(self, span: trace.Span, text: str) -> None:
+        """Leave the final pass to a ``streamjudge worker``: the answer span carries what it needs."""
+        span.set_attribute(semconv.EVAL_STATUS, "deferred")
+        if not self.settings.capture_content:
+            # the policy wins: a worker cannot judge what was not captured, and says so
+            span.set_attribute(semconv.EVAL_SKIP_REASON, "deferred_without_content")
+            return
+        limit = self.settings.max_judge_input_chars
+        span.set_attribute(semconv.STREAM_ANSWER, text[:limit])  # whole, not capped for display
+        span.set_attribute(semconv.STREAM_CONTEXTS, list(self.contexts or ()))
+        if self.question is not None:
+            span.set_attribute(semconv.STREAM_QUESTION, self.question)
+        if self.reference is not None:
+            span.set_attribute(semconv.STREAM_REFERENCE, self.reference)
 
     def _final_skip(self, outcome: str, text: str) -> str | None:
         if not self._judging:
@@ -441,16 +441,6 @@ class GuardSession:
         if len(text) > self.settings.max_judge_input_chars:
             return "answer_too_large"
         return None
-
-    def _content_attributes(
-        self, span: trace.Span, key: str, length_key: str, sha_key: str, text: str
-    ) -> None:
-        limit = self.settings.max_text_attribute_chars
-        if self.settings.capture_content:
-            span.set_attribute(key, _capped(text, limit))
-        if not self.settings.capture_content or len(text) > limit:
-            span.set_attribute(length_key, len(text))
-            span.set_attribute(sha_key, _sha256(text))
 
     def set_deferral(self, schedule: Callable[[Callable[[], None]], object] | None) -> None:
         """Let checkpoint requests go out via ``schedule`` (e.g. ``loop.call_soon``) instead of inline."""
@@ -487,8 +477,7 @@ class GuardSession:
         self._good_end = len(prefix)
         self._failed = False
         # hold-back: the retracted windows were never released; the new ones are released from here
-        self._stats.ready.clear()
-        self._stats.next_release = self._next_index
+        self._order.restart(self._next_index)
         return req
 
     def open_regeneration(self, req: RegenerateRequest) -> TokenSource:
@@ -497,31 +486,6 @@ class GuardSession:
         return self._regenerate(req)
 
     # --- internals ----------------------------------------------------------------------------------
-
-    def _normalize(self, token: Any) -> str | None:
-        if isinstance(token, str):
-            try:
-                token.encode("utf-8")
-                return token
-            except UnicodeEncodeError:  # lone surrogates: OTLP needs valid UTF-8
-                self._record_skip("token", "invalid_unicode")
-                return token.encode("utf-8", "replace").decode("utf-8")
-        if isinstance(token, bytes | bytearray | memoryview):
-            if self._decoder is None:
-                self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            text = self._decoder.decode(bytes(token))
-            if "\ufffd" in text:
-                self._record_skip("token", "invalid_utf8")
-            return text
-        if token is None:
-            self._stats.skipped += 1
-            return None
-        content = getattr(token, "content", None)  # LangChain message chunks
-        if isinstance(content, str):
-            return self._normalize(content) if content else None
-        self._stats.skipped += 1
-        self._record_skip("token", f"non_text_token:{type(token).__name__}")
-        return None
 
     def _first_token(self) -> None:
         now = time.time_ns()
@@ -580,8 +544,8 @@ class GuardSession:
             semconv.SPAN_CHECKPOINT, context=parent, attributes=attrs, start_time=start_ns
         )
         if cp.is_recording():
-            self._content_attributes(cp, semconv.CHECKPOINT_TEXT, semconv.CHECKPOINT_TEXT_LENGTH,
-                                     semconv.CHECKPOINT_TEXT_SHA256, window.text)
+            set_text(cp, CHECKPOINT_KEYS, window.text, capture=self.settings.capture_content,
+                     limit=self.settings.max_text_attribute_chars)
         if judged and index in self._checkpoints:
             self._backend.service.submit(
                 self._request("checkpoint", window.text, prefix=window.prefix, offset=window.start,
@@ -672,7 +636,7 @@ class GuardSession:
         shown = len(text)
         if self.hold_back:
             # nothing past the last released window was shown, and what was not shown is not kept either
-            shown = self._stats.released_end
+            shown = self._order.released_end
             keep = min(keep, shown)
         if shown > keep:
             self._emit(StreamEvent("retract", text[keep:shown], {"from": keep, "to": shown,
@@ -708,13 +672,7 @@ class GuardSession:
         cp_tokens, cp.tokens = cp.tokens, None
         if cp_tokens is None:
             return
-        self._stats.ready[cp.index] = (cp.end, cp_tokens)
-        ready = self._stats.ready
-        while self._stats.next_release in ready:
-            end, tokens = ready.pop(self._stats.next_release)
-            self._stats.next_release += 1
-            self._stats.released_end = end
-            self._emit_tokens(tokens)
+        self._emit_tokens(self._order.release(cp.index, cp.end, cp_tokens))
 
     def _emit_tokens(self, tokens: list[str]) -> None:
         out = self._out
@@ -762,38 +720,21 @@ class GuardSession:
 
 
 class _Stats:
-    """Counters of one stream, and the hold-back release order."""
+    """Counters of one stream."""
 
-    __slots__ = ("alerts", "first_alert_char", "judged_any", "next_release", "ready", "regenerations",
-                 "released_end", "skipped", "tokens", "ttft_ms")
+    __slots__ = ("alerts", "first_alert_char", "judged_any", "regenerations", "tokens", "ttft_ms")
 
     def __init__(self) -> None:
         self.tokens = 0
-        self.skipped = 0
         self.alerts = 0
         self.regenerations = 0
         self.first_alert_char: int | None = None
         self.ttft_ms: float | None = None
         self.judged_any = False
-        self.next_release = 0
-        self.released_end = 0
-        self.ready: dict[int, tuple[int, list[str]]] = {}
 
 
 def _size(contexts: Sequence[str]) -> int:
     return sum(len(c) for c in contexts)
-
-
-def _capped(text: str, limit: int) -> str:
-    """At most ``limit`` chars: the head and the tail of a longer text around an elision mark."""
-    if len(text) <= limit:
-        return text
-    half = max(1, (limit - 3) // 2)
-    return f"{text[:half]} … {text[-half:]}"
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
 
 
 __all__ = [

@@ -112,3 +112,31 @@ class Windows:
         """The tokens of the open window (hold-back releases them, fail-open, at the end)."""
         tokens, self._tokens = self._tokens, []
         return tokens
+
+
+class ReleaseOrder:
+    """Hold-back: windows go out in order; a window that passed waits for the windows before it."""
+
+    __slots__ = ("_next", "_ready", "released_end")
+
+    def __init__(self) -> None:
+        self._ready: dict[int, tuple[int, list[str]]] = {}
+        self._next = 0
+        self.released_end = 0  # the reader has seen the answer up to here
+
+    def release(self, index: int, end: int, tokens: list[str]) -> list[str]:
+        """Window ``index`` (ending at ``end``) may go out: the tokens that can go out now, in order."""
+        ready = self._ready
+        ready[index] = (end, tokens)
+        out: list[str] = []
+        while self._next in ready:
+            end, toks = ready.pop(self._next)
+            self._next += 1
+            self.released_end = end
+            out.extend(toks)
+        return out
+
+    def restart(self, next_index: int) -> None:
+        """After a regeneration: the retracted windows never go out; the next one is ``next_index``."""
+        self._ready.clear()
+        self._next = next_index
