@@ -215,6 +215,33 @@ def _add_span_processor(provider: SDKTracerProvider, processor: SpanProcessor) -
         provider.add_span_processor(processor)
 
 
+def _install(provider: SDKTracerProvider, processor: JudgeSpanProcessor, old: SpanProcessor | None) -> None:
+    """Put ``processor`` in ``provider``: in ``old``'s place (a runtime it replaces), else beside the rest."""
+    if old is not None:
+        present = _sdk.span_processors(provider)
+        _sdk.set_span_processors(provider, tuple(processor if p is old else p for p in present))
+    if processor not in _sdk.span_processors(provider):
+        _add_span_processor(provider, processor)
+
+
+def _add_exporters(
+    provider: SDKTracerProvider, processor: JudgeSpanProcessor, exporters: Sequence[SpanExporter]
+) -> None:
+    """Export to the vendor backends the environment asks for.
+
+    Owning the export path, the backends get the enriched spans; beside an app's processors, the raw spans
+    like the app's own exporters (the distro's take_over_export later moves them behind the processor).
+    """
+    for exp in exporters:
+        if processor.downstream is not None:
+            multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
+            multi.add_span_processor(processor.downstream)
+            multi.add_span_processor(BatchSpanProcessor(exp))
+            processor.set_downstream(multi)
+        else:
+            _add_span_processor(provider, BatchSpanProcessor(exp))
+
+
 def _pool(settings: Settings, meter_provider: metrics.MeterProvider | None) -> JudgePool:
     return JudgePool(
         concurrency=settings.concurrency,
@@ -308,25 +335,8 @@ def configure(
         capture_content=settings.capture_content,
         shutdown_timeout_millis=int(settings.end_wait_s * 1000) + 5_000,
     )
-    if replaces:
-        assert previous is not None
-        old = previous.processor
-        present = _sdk.span_processors(tracer_provider)
-        _sdk.set_span_processors(tracer_provider, tuple(processor if p is old else p for p in present))
-        if processor not in _sdk.span_processors(tracer_provider):
-            _add_span_processor(tracer_provider, processor)
-    else:
-        _add_span_processor(tracer_provider, processor)
-    for exp in env_exporters:
-        # owning: the backend gets the enriched spans; beside an app's processors: the raw spans, like
-        # the app's own exporters (take_over_export later moves them behind the judge processor)
-        if processor.downstream is not None:
-            multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
-            multi.add_span_processor(processor.downstream)
-            multi.add_span_processor(BatchSpanProcessor(exp))
-            processor.set_downstream(multi)
-        else:
-            _add_span_processor(tracer_provider, BatchSpanProcessor(exp))
+    _install(tracer_provider, processor, previous.processor if replaces and previous else None)
+    _add_exporters(tracer_provider, processor, env_exporters)
     rt = Runtime(
         settings,
         tracer_provider=tracer_provider,
