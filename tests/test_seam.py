@@ -397,3 +397,16 @@ def test_a_deferred_final_pass_leaves_what_a_worker_needs_on_the_answer_span(har
     assert stream.attributes[semconv.STREAM_QUESTION] == "sky"
     # checkpoints are still judged live, the answer is not judged here
     assert all(i.kind == "checkpoint" for i in judge.items)
+
+
+def test_a_sampled_out_stream_splits_no_sentences_and_holds_nothing_back(harness: Harness) -> None:
+    harness.configure(SentenceJudge(), sample_rate=0.0, mode="hold_back")
+    answer = f"The sky is blue. Grass is {MARK} purple. Water is wet."
+    events = _consume(streamjudge.guard(_words(answer), question="sky", contexts=CONTEXTS))
+    assert answer_text(events).strip() == answer
+    assert not warnings(events)
+    spans = harness.spans()
+    assert not [s for s in spans if s.name == semconv.SPAN_CHECKPOINT], "no windows when nothing is judged"
+    (stream,) = [s for s in spans if s.name == semconv.SPAN_STREAM]
+    assert stream.attributes[semconv.EVAL_STATUS] == "sampled_out"
+    assert stream.attributes[semconv.STREAM_ANSWER].strip() == answer

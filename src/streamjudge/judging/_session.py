@@ -25,7 +25,7 @@ from streamjudge.judging._actions import passed_until, preflight_gate, warning_d
 from streamjudge.judging._backend import StreamBackend, default_backend
 from streamjudge.judging._telemetry import ANSWER_KEYS, CHECKPOINT_KEYS, set_text, skip_attributes
 from streamjudge.judging._tokens import TokenText
-from streamjudge.judging._windows import ReleaseOrder, Window, Windows
+from streamjudge.judging._windows import ReleaseOrder, Transcript, Window, Windows
 from streamjudge.results import EvalInput, EvalKind, JobOutcome, JudgeRequest, JudgeResult, Verdict
 
 if TYPE_CHECKING:
@@ -234,7 +234,11 @@ class GuardSession:
             span.set_attribute(semconv.EVAL_SKIP_REASON, "contexts_too_large")
         if self.contexts is not None:
             span.set_attribute(semconv.STREAM_CONTEXT_COUNT, len(self.contexts))
-        if settings.preflight and self._judging:
+        if not self._judging:
+            # nothing will be judged: no sentence splitting, no windows, nothing held back
+            self._windows = Transcript()
+            self.hold_back = False
+        elif settings.preflight:
             self._preflight()
         return self._take()
 
