@@ -334,6 +334,7 @@ def configure(
         meter_provider=meter_provider,
         capture_content=settings.capture_content,
         shutdown_timeout_millis=int(settings.end_wait_s * 1000) + 5_000,
+        hold_timeout_s=settings.hold_timeout_s,
     )
     _install(tracer_provider, processor, previous.processor if replaces and previous else None)
     _add_exporters(tracer_provider, processor, env_exporters)

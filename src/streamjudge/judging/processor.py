@@ -71,13 +71,15 @@ class JudgeSpanProcessor(SpanProcessor):
         meter_provider: metrics.MeterProvider | None = None,
         capture_content: bool = True,
         shutdown_timeout_millis: int = 7_000,
+        hold_timeout_s: float = 60.0,
     ) -> None:
+        self._hold_timeout = hold_timeout_s
         self._downstream = downstream
         self._judging: _Drainable | None = None
         self._shutdown_timeout = shutdown_timeout_millis
         self._sinks = tuple(sinks)
         self._capture = capture_content
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, _Slot] = {}  # in order of expect(): the oldest first
         self._lock = threading.Lock()
         self._closed = False
         after_fork_in_child(self, JudgeSpanProcessor._after_fork)
@@ -143,8 +145,31 @@ class JudgeSpanProcessor(SpanProcessor):
         """``span_id`` will carry a judgement: hold it at its end until :meth:`resolve` (owning mode)."""
         if self._downstream is None or not span_id:
             return
+        now = time.monotonic()
         with self._lock:
-            self._slots[span_id] = _Slot(expected_at=time.monotonic())
+            self._slots[span_id] = _Slot(expected_at=now)
+            first = next(iter(self._slots.values()))
+        if now - first.expected_at > self._hold_timeout:
+            self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        """Export spans whose result is overdue (a judge that blocks its thread or ignores cancellation):
+        ``hold_timeout_s`` bounds how long any span waits, whatever the judge does."""
+        overdue: list[ReadableSpan] = []
+        with self._lock:
+            while self._slots:
+                span_id, slot = next(iter(self._slots.items()))
+                if now - slot.expected_at <= self._hold_timeout:
+                    break
+                del self._slots[span_id]  # a result arriving later finds no slot and is dropped
+                if slot.span is not None:
+                    overdue.append(slot.span)
+        marks: dict[str, AttributeValue] = {
+            semconv.EVAL_STATUS: "timeout",
+            semconv.EVAL_SKIP_REASON: "timeout: held past hold_timeout_s",
+        }
+        for span in overdue:
+            self._export(span, marks, [])
 
     def resolve(self, request: JudgeRequest, outcome: JobOutcome, scores: tuple[Score, ...]) -> None:
         """Record the result of ``request``: enrich (or annotate) its span, metrics, sinks.
@@ -202,6 +227,8 @@ class JudgeSpanProcessor(SpanProcessor):
             self._export(span, slot.extra or {}, slot.events or [])
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        if self._slots:
+            self._expire(time.monotonic())
         deadline = time.monotonic() + timeout_millis / 1000
         ok = self._judging.force_flush(timeout_millis) if self._judging is not None else True
         left = max(1, int((deadline - time.monotonic()) * 1000))
