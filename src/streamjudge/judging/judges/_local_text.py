@@ -152,39 +152,58 @@ def normalize(text: str) -> str:
     return unicodedata.normalize("NFKC", text).translate(_APOSTROPHES)
 
 
+_VOWELS = frozenset("aeiouy")
+
+
+def _has_vowel(w: str) -> bool:
+    return any(c in _VOWELS for c in w)
+
+
 def stem(word: str) -> str:
-    """Light, deterministic suffix stripping (lowercase input): plurals, -ed, -ing, -ly, final e."""
+    """The lemma-like key of a lowercase word: the inflections of one word meet on one key.
+
+    A rule set in the manner of a lemmatiser rather than a length-guarded suffix stripper: irregular forms
+    from a table, then plural/third-person ``-s``, ``-ied``/``-ies`` -> ``y``, ``-ed`` and ``-ing`` when
+    what remains still holds a vowel ("used" and "using" meet "use", "sing" stays), a doubled final
+    consonant undone ("stopped" -> "stop"), ``-ly`` adverbs, and a final ``e`` dropped so that "make",
+    "makes", "making" and "made" share one key. Keys are for comparison only, never shown.
+    """
     w = IRREGULAR.get(word, word)
-    if w is not word:
-        return w
     if w.endswith("'s"):
         w = w[:-2]
-    n = len(w)
-    if n <= 3:
+    if len(w) <= 2 or not w.isalpha():
         return w
-    if w.endswith("ies") and n > 4:
+    if w.endswith("ies") and len(w) > 4:
         w = w[:-3] + "y"
-    elif w.endswith("sses"):
-        w = w[:-2]
-    elif w.endswith("s") and not w.endswith(("ss", "us", "is", "os")):
+    elif w.endswith("ies"):
+        w = w[:-1]  # "dies", "ties", "lies"
+    elif w.endswith("s") and not w.endswith(("ss", "us", "is", "os")) and len(w) > 3:
         w = w[:-1]
-    if w.endswith("ing") and len(w) > 5:
-        w = w[:-3]
-        w = _undouble(w)
-    elif w.endswith("ied") and len(w) > 4:
-        w = w[:-3] + "y"
-    elif w.endswith("ed") and len(w) > 4:
-        w = w[:-2]
-        w = _undouble(w)
+    if w.endswith("ied"):
+        w = w[:-3] + ("y" if len(w) > 4 else "ie")  # "studied" -> "study", "died" -> "die"
+    elif w.endswith("ying") and len(w) == 5:
+        w = w[:-4] + "ie"  # "dying", "lying", "tying"
+    elif w.endswith("ed") and len(w) > 3 and _has_vowel(w[:-2]) and not w.endswith("eed"):
+        w = _undouble(w[:-2])
+    elif w.endswith("eed") and len(w) > 5 and w[:-3] + "ee" not in _EED_BASES:
+        w = w[:-1]  # "agreed" -> "agree"; "succeed", "proceed" are bases
+    elif w.endswith("ing") and len(w) > 4 and _has_vowel(w[:-3]):
+        w = _undouble(w[:-3])
     elif w.endswith("ly") and len(w) > 5:
         w = w[:-2]
-    if len(w) > 3 and w.endswith("e"):
+        if w.endswith("i"):
+            w = w[:-1] + "y"  # "easily" -> "easy"
+    if len(w) > 2 and w.endswith("e"):
         w = w[:-1]
     return w
 
 
+# words ending in "eed" that are not a past form of a word ending in "ee"
+_EED_BASES = frozenset({"succee", "procee", "excee"})
+
+
 def _undouble(w: str) -> str:
-    if len(w) > 3 and w[-1] == w[-2] and w[-1] not in "lsz" and w[-1].isalpha():
+    if len(w) > 2 and w[-1] == w[-2] and w[-1] not in "lsz" and w[-1] not in _VOWELS and w[-1].isalpha():
         return w[:-1]
     return w
 
@@ -272,6 +291,17 @@ def _word(tok: str) -> _Word:
     )
 
 
+# a negation cue followed by one of these is no negation of the sentence: "no fewer than 300", "not only
+# ... but also", "not least", "none other than", "no doubt"
+_NOT_NEGATING_NEXT = frozenset(
+    "fewer less more greater smaller larger later earlier sooner only just least other doubt".split()
+)
+
+
+def _quantity_phrase(matches: list[re.Match[str]], i: int, n: int) -> bool:
+    return i + 1 < n and matches[i + 1].lastgroup == "word" and matches[i + 1].group().lower() in _NOT_NEGATING_NEXT
+
+
 def analyze(text: str, sentence_start: bool = True) -> Facts:
     """Extract content terms, numbers, named entities, dates and negation from ``text`` (normalised).
 
@@ -309,7 +339,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
         if kind == "word":
             cjk_prev = None
             w = _word(tok)
-            if w.negation:
+            if w.negation and not _quantity_phrase(matches, i, n):
                 negated = True
             capitalised = w.upper and not at_start
             at_start = False
@@ -471,6 +501,20 @@ def sentences(text: str) -> list[Span]:
     ]
 
 
+def sentence_ranges(text: str) -> list[tuple[int, int, Span]]:
+    """The sentences of ``text`` (as :func:`sentences` finds them) with their char ranges in ``text``."""
+    out: list[tuple[int, int, Span]] = []
+    pos = 0
+    for span in sentences(text):
+        start = text.find(span.text, pos)
+        if start < 0:  # cannot happen (a span is a piece of the text); keep the range sane anyway
+            start = pos
+        end = min(len(text), start + len(span.text))
+        out.append((start, end, span))
+        pos = end
+    return out
+
+
 def split_from(text: str, resume: Resume) -> tuple[list[Span], int, Resume] | None:
     """Split ``text`` from ``resume`` (a point that :func:`split_from` returned for a prefix of ``text``).
 
@@ -550,6 +594,26 @@ _CLAUSE_SPLIT_RE = re.compile(r"\s*;\s*|,?\s+(?:but|whereas|while|although|howev
 # characters re.IGNORECASE matches to a letter they do not lower-case to ("ı", "İ" ~ "i"; "ſ" ~ "s")
 _CLAUSE_WORDS = (";", "and", "but", "whereas", "while", "although", "however")
 _CASE_ODDITIES = frozenset("\u0130\u0131\u017f")
+
+
+# where the scope of a negation ends: "X was not A, but B" does not deny B
+_SCOPE_RE = re.compile(
+    r"\s*;\s*|,?\s+(?:but|whereas|while|although|though|however,?|yet)\s+|,\s+(?:which|who)\s+", re.I
+)
+
+
+def scopes(text: str, sentence_start: bool = True) -> list[tuple[str, bool]]:
+    """``text`` cut at clause boundaries (``;``, "but", "while", "whereas", "although", ", which"...): the
+    pieces a negation cue can reach, each with whether it starts a sentence."""
+    out: list[tuple[str, bool]] = []
+    start = 0
+    for m in _SCOPE_RE.finditer(text):
+        if m.start() > start:
+            out.append((text[start : m.start()], start == 0 and sentence_start))
+        start = m.end()
+    if start < len(text):
+        out.append((text[start:], start == 0 and sentence_start))
+    return out or [(text, sentence_start)]
 
 
 def _weight(f: Facts) -> int:
