@@ -54,6 +54,23 @@ META_WORDS: frozenset[str] = _words(
     """
 )
 
+# Light words: common English words too general to tell a grounded claim from an invented one ("called",
+# "different", "several", "role"); a summary adds them freely when it restates. They are neither
+# required nor counted. A generic tier chosen a priori, like the stopwords; not fitted to any benchmark.
+LIGHT_WORDS: frozenset[str] = _words(
+    """
+    called named titled entitled known meaning means include includes included including consist
+    consists consisted contain contains contained different separate distinct various certain specific
+    particular individual individuals entity entities thing things piece pieces part parts type types
+    kind kinds way ways time times number numbers amount total list both another same similar
+    notable significant important well-known famous popular actual overall general related involving
+    involved regarding appear appears appeared seem seems seemed remain remains remained feature
+    features featured serve serves served role roles focus focuses focused cover covers covering offer
+    offers offered solely exactly specifically primarily generally respectively unspecified specified
+    total totals event events instance example examples aspect aspects fact facts area areas
+    """
+)
+
 NEGATIONS: frozenset[str] = _words(
     "not no never none nobody nothing neither nor cannot without n't"
 )
@@ -240,6 +257,9 @@ class Facts:
     dates: tuple[tuple[str, str], ...]  # (lowercase month/day name, surface)
     negated: bool
     meta_only: bool  # nothing but stopwords and assistant filler words
+    # per entity, how many terms, numbers and dates come before it: names with the same count stand
+    # side by side ("Columbus, Ohio"; "A and B") and do not vouch for each other
+    groups: tuple[int, ...] = ()
 
 
 def _number_value(raw: str) -> tuple[float, float]:
@@ -276,6 +296,7 @@ def _word(tok: str) -> _Word:
         lower in STOPWORDS
         or lower in NEGATIONS
         or lower in META_WORDS
+        or lower in LIGHT_WORDS
         or lower.endswith("n't")
         or len(lower) < 2
     )
@@ -311,6 +332,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
     terms: list[tuple[str, str]] = []
     numbers: list[Number] = []
     entities: list[tuple[str, tuple[str, ...]]] = []
+    groups: list[int] = []
     dates: list[tuple[str, str]] = []
     negated = False
     meta_only = True
@@ -332,6 +354,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                 at_start = True
             if entity_run and _BREAKS_RE.search(gap):
                 entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+                groups.append(len(terms) + len(numbers) + len(dates))
                 entity_run.clear()
         prev_end = m.end()
         kind = m.lastgroup
@@ -346,6 +369,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
             if w.date is not None:
                 if entity_run:
                     entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+                    groups.append(len(terms) + len(numbers) + len(dates))
                     entity_run.clear()
                 dates.append((w.date, tok))
                 meta_only = False
@@ -358,6 +382,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                 continue
             if entity_run:
                 entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+                groups.append(len(terms) + len(numbers) + len(dates))
                 entity_run.clear()
             if w.number:
                 value, tol, surface = NUMBER_WORDS[w.lower], 0.5, tok
@@ -380,6 +405,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
         if kind == "num":
             if entity_run:
                 entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+                groups.append(len(terms) + len(numbers) + len(dates))
                 entity_run.clear()
             cjk_prev = None
             value, tol = _number_value(tok)
@@ -405,6 +431,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
         # a CJK character
         if entity_run:
             entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+            groups.append(len(terms) + len(numbers) + len(dates))
             entity_run.clear()
         if cjk_prev is not None and m_start == matches[i - 1].end():
             bigram = cjk_prev + tok
@@ -417,7 +444,8 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
         i += 1
     if entity_run:
         entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
-    return Facts(tuple(terms), tuple(numbers), tuple(entities), tuple(dates), negated, meta_only)
+        groups.append(len(terms) + len(numbers) + len(dates))
+    return Facts(tuple(terms), tuple(numbers), tuple(entities), tuple(dates), negated, meta_only, tuple(groups))
 
 
 @functools.lru_cache(maxsize=65536)
