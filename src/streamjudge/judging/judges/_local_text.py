@@ -323,6 +323,20 @@ def _quantity_phrase(matches: list[re.Match[str]], i: int, n: int) -> bool:
     return i + 1 < n and matches[i + 1].lastgroup == "word" and matches[i + 1].group().lower() in _NOT_NEGATING_NEXT
 
 
+_NAME_GLUE = frozenset({"and", "or", "nor"})
+
+
+def _name_follows(matches: list[re.Match[str]], i: int, n: int, text: str) -> bool:
+    """Whether the sentence's capitalised first word starts a name: "John Brown Publishing", "Mumford &
+    Sons" (the next word is capitalised, a blank, "&" or "-" between)."""
+    if i + 1 >= n or matches[i + 1].lastgroup != "word":
+        return False
+    if text[matches[i].end() : matches[i + 1].start()].strip(" &-"):
+        return False
+    nxt = _word(matches[i + 1].group())
+    return nxt.upper and nxt.nameable and nxt.date is None and _word(matches[i].group()).nameable
+
+
 def analyze(text: str, sentence_start: bool = True) -> Facts:
     """Extract content terms, numbers, named entities, dates and negation from ``text`` (normalised).
 
@@ -333,6 +347,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
     numbers: list[Number] = []
     entities: list[tuple[str, tuple[str, ...]]] = []
     groups: list[int] = []
+    group = 0  # advanced by every token but a name's, "and" and "or"
     dates: list[tuple[str, str]] = []
     negated = False
     meta_only = True
@@ -354,7 +369,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                 at_start = True
             if entity_run and _BREAKS_RE.search(gap):
                 entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
-                groups.append(len(terms) + len(numbers) + len(dates))
+                groups.append(group)
                 entity_run.clear()
         prev_end = m.end()
         kind = m.lastgroup
@@ -364,15 +379,16 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
             w = _word(tok)
             if w.negation and not _quantity_phrase(matches, i, n):
                 negated = True
-            capitalised = w.upper and not at_start
+            capitalised = w.upper and (not at_start or _name_follows(matches, i, n, text))
             at_start = False
             if w.date is not None:
                 if entity_run:
                     entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
-                    groups.append(len(terms) + len(numbers) + len(dates))
+                    groups.append(group)
                     entity_run.clear()
                 dates.append((w.date, tok))
                 meta_only = False
+                group += 1
                 i += 1
                 continue
             if (w.acronym or capitalised) and w.nameable:
@@ -382,7 +398,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                 continue
             if entity_run:
                 entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
-                groups.append(len(terms) + len(numbers) + len(dates))
+                groups.append(group)
                 entity_run.clear()
             if w.number:
                 value, tol, surface = NUMBER_WORDS[w.lower], 0.5, tok
@@ -400,12 +416,14 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
             elif w.key is not None:
                 terms.append((w.key, tok))
                 meta_only = False
+            if w.lower not in _NAME_GLUE:
+                group += 1
             i += 1
             continue
         if kind == "num":
             if entity_run:
                 entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
-                groups.append(len(terms) + len(numbers) + len(dates))
+                groups.append(group)
                 entity_run.clear()
             cjk_prev = None
             value, tol = _number_value(tok)
@@ -423,6 +441,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
             numbers.append(Number(surface, value, tol))
             meta_only = False
             at_start = False
+            group += 1
             i += 1
             continue
         if kind == "pct":
@@ -431,7 +450,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
         # a CJK character
         if entity_run:
             entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
-            groups.append(len(terms) + len(numbers) + len(dates))
+            groups.append(group)
             entity_run.clear()
         if cjk_prev is not None and m_start == matches[i - 1].end():
             bigram = cjk_prev + tok
@@ -439,12 +458,13 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
         elif i + 1 >= n or matches[i + 1].lastgroup != "cjk":
             terms.append((tok, tok))  # a lone CJK character
         cjk_prev = tok
+        group += 1
         meta_only = False
         at_start = False
         i += 1
     if entity_run:
         entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
-        groups.append(len(terms) + len(numbers) + len(dates))
+        groups.append(group)
     return Facts(tuple(terms), tuple(numbers), tuple(entities), tuple(dates), negated, meta_only, tuple(groups))
 
 
