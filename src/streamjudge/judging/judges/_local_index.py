@@ -330,7 +330,8 @@ class ContextIndex:
         """
         if not facts.negated and not self.any_negated:
             return False
-        if len(claim_keys) < 2:
+        # a bare name or number ("Ford Fusion.") states no predicate a negation could deny
+        if len(claim_keys) < 2 or not facts.terms:
             return False
         # the rarest terms point at the clauses a claim most likely comes from; the overlap is counted
         # on them only, which keeps the cost per claim bounded on huge or repetitive contexts

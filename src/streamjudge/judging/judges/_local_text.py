@@ -319,8 +319,15 @@ _NOT_NEGATING_NEXT = frozenset(
 )
 
 
-def _quantity_phrase(matches: list[re.Match[str]], i: int, n: int) -> bool:
-    return i + 1 < n and matches[i + 1].lastgroup == "word" and matches[i + 1].group().lower() in _NOT_NEGATING_NEXT
+def _quantity_phrase(matches: list[re.Match[str]], i: int, n: int, text: str) -> bool:
+    """Whether the negation cue at ``matches[i]`` is part of a phrase that negates nothing: "no fewer
+    than", "not only", or "No. 32" (the abbreviation of "number")."""
+    if i + 1 >= n:
+        return False
+    nxt = matches[i + 1]
+    if nxt.lastgroup == "num":
+        return matches[i].group().lower() == "no"
+    return nxt.lastgroup == "word" and nxt.group().lower() in _NOT_NEGATING_NEXT
 
 
 _NAME_GLUE = frozenset({"and", "or", "nor"})
@@ -377,7 +384,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
         if kind == "word":
             cjk_prev = None
             w = _word(tok)
-            if w.negation and not _quantity_phrase(matches, i, n):
+            if w.negation and not _quantity_phrase(matches, i, n, text):
                 negated = True
             capitalised = w.upper and (not at_start or _name_follows(matches, i, n, text))
             at_start = False
