@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from streamjudge.judging.judges._local_text import (
     MONTHS,
     NUMBER_WORDS,
+    PRONOUN_RE,
     Facts,
     Number,
     Span,
@@ -37,7 +38,7 @@ from streamjudge.judging.judges._local_text import (
 # clause that matches it best, and at least this share of its other content words occur. 0.6 lets a
 # paraphrase swap one word in three ("started" for "founded") and catches a claim whose content is mostly
 # new. Fixed a priori; not fitted to a benchmark.
-CONTENT_COVERAGE = 0.6
+CONTENT_COVERAGE = 0.7
 # the postings of very common terms say little about which clause a claim comes from; skip them so
 # clause matching stays bounded on huge contexts
 _MAX_POSTINGS = 64
@@ -77,7 +78,8 @@ class ContextPart:
 
     raw: frozenset[str]  # lowercase words
     keys: frozenset[str]  # comparison keys of the words
-    sentences: tuple[tuple[_Clause, ...], ...]  # per sentence, its clauses
+    # per sentence, its clauses and the words of the sentence before when it opens with a pronoun
+    sentences: tuple[tuple[tuple[_Clause, ...], frozenset[str]], ...]
     all_keys: frozenset[str]  # words, keys and fact keys: what context precision matches against
 
     @classmethod
@@ -86,16 +88,24 @@ class ContextPart:
         # documents joined without a blank ("...in 2004.Jesus Camp is...") still end a sentence there
         text = _GLUED_RE.sub(". ", normalize(context))
         raw, keys = word_keys(text)
-        per_sentence: list[tuple[_Clause, ...]] = []
+        per_sentence: list[tuple[tuple[_Clause, ...], frozenset[str]]] = []
         facts_keys: set[str] = set()
+        before: frozenset[str] = frozenset()  # the first name of the sentence before
         for span in sentences(text):
             clauses = []
+            subject: frozenset[str] = frozenset()
             for piece, start in scopes(span.text, span.sentence_start):
                 facts = analyze(piece, sentence_start=start)
                 c_keys = fact_keys(facts)
                 facts_keys |= c_keys
                 clauses.append(_Clause(facts.negated, c_keys, tuple(n.value for n in facts.numbers)))
-            per_sentence.append(tuple(clauses))
+                if not subject and facts.entities:
+                    tokens = facts.entities[0][1]
+                    subject = frozenset((*tokens, *map(term, tokens)))
+            # "The tower is in Paris. It was completed in 1889.": the second sentence is about the tower
+            carried = before if PRONOUN_RE.match(span.text) else frozenset()
+            per_sentence.append((tuple(clauses), carried))
+            before = subject or carried
         return cls(frozenset(raw), frozenset(keys), tuple(per_sentence), frozenset(keys | raw | facts_keys))
 
 
@@ -140,6 +150,7 @@ class ContextIndex:
         self.sentence_keys: list[frozenset[str]] = []
         postings: dict[str, list[int]] = {}
         value_sentences: dict[float, list[int]] = {}
+        carried: dict[str, list[int]] = {}  # sentences a word is carried into by a leading pronoun
         seen: dict[str, ContextPart] = {}
         added: set[str] = set()
         for ctx in contexts:
@@ -152,9 +163,13 @@ class ContextIndex:
             if ctx in added:
                 continue  # a repeated context adds no sentence a claim could come from
             added.add(ctx)
-            for clauses in part.sentences:
+            for clauses, antecedent in part.sentences:
                 sent = len(self.sentence_keys)
-                s_keys: set[str] = set()
+                s_keys: set[str] = set(antecedent)
+                for k in antecedent:
+                    alist = carried.setdefault(k, [])
+                    if len(alist) <= _MAX_POSTINGS:
+                        alist.append(sent)
                 for clause in clauses:
                     cid = len(self.clause_negated)
                     self.clause_negated.append(clause.negated)
@@ -179,6 +194,7 @@ class ContextIndex:
         self.keys = frozenset(keys)
         self.numbers = sorted(values)
         self._value_sentences = value_sentences
+        self._carried = carried
         self._postings = postings
         self._verdicts: OrderedDict[tuple[str, bool], tuple[tuple[str, ClaimVerdict], ...]] = OrderedDict()
         self._cache_size = claim_cache_size
@@ -210,11 +226,13 @@ class ContextIndex:
 
     # --- claims -----------------------------------------------------------------------------------
 
-    def verify_sentence(self, span: Span) -> tuple[tuple[str, ClaimVerdict], ...]:
+    def verify_sentence(
+        self, span: Span, antecedent: frozenset[str] = frozenset()
+    ) -> tuple[tuple[str, ClaimVerdict], ...]:
         """The claims of one sentence (normalised) with their verdicts, from the cache when the sentence
         was judged before (the final pass repeats the checkpoints' sentences). Questions and filler come
         back with ``filler=True``."""
-        cache_key = (span.text, span.sentence_start)
+        cache_key = (span.text, span.sentence_start, antecedent)
         with self._lock:
             hit = self._verdicts.get(cache_key)
             if hit is not None:
@@ -222,7 +240,7 @@ class ContextIndex:
                 return hit
         result = tuple(
             (c.text, _QUESTION if c.text.endswith("?") else self._verify(
-                facts if facts is not None else analyze(c.text, c.sentence_start)))
+                facts if facts is not None else analyze(c.text, c.sentence_start), antecedent))
             for c, facts in claims_with_facts(span)
         )
         with self._lock:
@@ -231,7 +249,9 @@ class ContextIndex:
                 self._verdicts.popitem(last=False)
         return result
 
-    def _verify(self, facts: Facts) -> ClaimVerdict:
+    def _verify(self, facts: Facts, antecedent: frozenset[str] = frozenset()) -> ClaimVerdict:
+        """The verdict on one claim; ``antecedent`` holds the words of the name a leading pronoun stands
+        for: they tie the claim's names and numbers to context sentences, they are not checked."""
         if facts.meta_only:
             return ClaimVerdict(supported=True, filler=True)
         missing: list[str] = []
@@ -239,13 +259,14 @@ class ContextIndex:
         hard_miss = False
         soft_missing = 0
         claim_keys = fact_keys(facts)
+        tie_keys = claim_keys | antecedent
         groups = facts.groups
         for k, (surface, tokens) in enumerate(facts.entities):
             if not all(self.has_word(t, term(t)) for t in tokens):
                 missing.append(surface)
                 hard_miss = True
                 continue
-            others = claim_keys
+            others = tie_keys
             if len(groups) == len(facts.entities):
                 beside = [e for j, (_, e) in enumerate(facts.entities) if j != k and groups[j] == groups[k]]
                 if beside:
@@ -262,7 +283,7 @@ class ContextIndex:
                     hard_miss = True
                 else:
                     soft_missing += 1
-            elif not self._attached_number(values, claim_keys - {f"#{n.value:g}"}):
+            elif not self._attached_number(values, tie_keys - {f"#{n.value:g}"}):
                 detached.append(n.surface)
         for short, surface in facts.dates:
             if short not in self.months:
@@ -298,17 +319,20 @@ class ContextIndex:
         plists = [self._postings.get(t) for t in tokens]
         if any(p is None or len(p) > _MAX_POSTINGS for p in plists):
             return True  # known only in another form, or too common to tell: do not judge it
-        rarest = min(plists, key=len)  # type: ignore[arg-type]
+        k = min(range(len(tokens)), key=lambda j: len(plists[j]))  # type: ignore[arg-type]
+        candidates = {self.clause_sentence[cid] for cid in plists[k]}  # type: ignore[union-attr]
+        candidates.update(self._carried.get(tokens[k], ()))
         s_keys = self.sentence_keys
-        for sid in {self.clause_sentence[cid] for cid in rarest}:  # type: ignore[union-attr]
+        for sid in sorted(candidates):
             keys = s_keys[sid]
             if not others.isdisjoint(keys) and all(t in keys for t in tokens):
                 return True
         return False
 
     def _attached_number(self, values: list[float], others: frozenset[str]) -> bool:
-        """Whether a context sentence that states the number shares a word with the rest of the claim:
-        "opened in 1998" is not supported by "founded in 1998. It opened in 2004."."""
+        """Whether a context sentence that states the number is one the claim comes from: it shares two
+        words with the claim, or as many as the best matching sentence does. "opened its office in 1998"
+        is not supported by "It was founded in 1998. It opened its office in 2004."."""
         others = frozenset(k for k in others if not k.startswith("#"))
         if not others:
             return True
@@ -318,7 +342,17 @@ class ContextIndex:
         if not sentences:
             return True  # a number word known only from the vocabulary: nothing to tie it to
         s_keys = self.sentence_keys
-        return any(not others.isdisjoint(s_keys[sid]) for sid in sentences)
+        with_number = max(len(others & s_keys[sid]) for sid in sentences)
+        if with_number >= 2:
+            return True
+        best = 0
+        for k in others:
+            for cid in self._postings.get(k, ()):
+                if cid < len(self.clause_sentence):
+                    best = max(best, len(others & s_keys[self.clause_sentence[cid]]))
+            if best > with_number:
+                return False
+        return with_number >= 1 or best == 0
 
     def _negation_mismatch(self, facts: Facts, claim_keys: frozenset[str]) -> bool:
         """True when the context clauses that best match the claim have the opposite polarity.

@@ -68,6 +68,7 @@ LIGHT_WORDS: frozenset[str] = _words(
     features featured serve serves served role roles focus focuses focused cover covers covering offer
     offers offered solely exactly specifically primarily generally respectively unspecified specified
     total totals event events instance example examples aspect aspects fact facts area areas
+    stand stands stood lie lies located situated sit sits
     """
 )
 
@@ -650,6 +651,9 @@ _CLAUSE_SPLIT_RE = re.compile(r"\s*;\s*|,?\s+(?:but|whereas|while|although|howev
 _CLAUSE_WORDS = (";", "and", "but", "whereas", "while", "although", "however")
 _CASE_ODDITIES = frozenset("\u0130\u0131\u017f")
 
+
+#: a sentence opening with one of these is about what the sentence before it named
+PRONOUN_RE = re.compile(r"(?:it|he|she|they|its|his|her|their|this|these)\b", re.IGNORECASE)
 
 # where the scope of a negation ends: "X was not A, but B" does not deny B
 _SCOPE_RE = re.compile(

@@ -38,13 +38,25 @@ from typing import Any
 from streamjudge import semconv
 from streamjudge.judging.base import EvalInput, JudgeResult, Score, SentenceScore
 from streamjudge.judging.judges._local_index import ClaimVerdict, ContextIndex, IndexCache, fact_keys
-from streamjudge.judging.judges._local_text import Span, analyze, normalize, sentence_ranges, word_keys
+from streamjudge.judging.judges._local_text import (
+    PRONOUN_RE,
+    Span,
+    analyze,
+    normalize,
+    scopes,
+    sentence_ranges,
+    sentences,
+    word_keys,
+)
 
 # inputs larger than this are judged in a worker thread by ``evaluate`` so the pool's loop stays responsive
 _THREAD_OFFLOAD_CHARS = 100_000
 _MAX_LISTED = 3  # unsupported claims quoted in an explanation
 _MAX_QUOTE = 160
 _MAX_REASON = 200
+# a sentence that opens with a pronoun is tied to the first clause of the sentence before it (the
+# prefix's last sentence for a checkpoint's first sentence); only this much of the prefix is read
+_PREFIX_TAIL = 400
 
 _REFUSAL_RE = re.compile(
     r"\b(?:i (?:do not|don't|cannot|can't|am unable to|'m unable to|am not able to|'m not able to)"
@@ -110,7 +122,7 @@ class LocalJudge:
             return Score(name, None, skipped="empty_answer")
         if not _has_text(item.contexts):
             return Score(name, None, skipped="no_contexts")
-        return _claims_score(name, self._index(item.contexts), item.answer, what="claims")
+        return _claims_score(name, self._index(item.contexts), item.answer, what="claims", prefix=item.prefix)
 
     def _context_recall(self, item: EvalInput) -> Score:
         name = semconv.CONTEXT_RECALL
@@ -174,12 +186,26 @@ _METRICS = {
 }
 
 
-def _claims_score(name: str, index: ContextIndex, text: str, *, what: str) -> Score:
+def _subject(text: str) -> frozenset[str]:
+    """The words of the first clause of the last sentence of ``text``: what a following "it" may stand
+    for. They only tie the next sentence's names and numbers to context sentences (a pronoun leaves a
+    claim with little to tie them to); they are never required to be in the context."""
+    spans = sentences(text)
+    if not spans:
+        return frozenset()
+    piece, start = scopes(spans[-1].text, spans[-1].sentence_start)[0]
+    return fact_keys(analyze(piece, start))
+
+
+def _claims_score(name: str, index: ContextIndex, text: str, *, what: str, prefix: str = "") -> Score:
     checked = supported = 0
     listed: list[tuple[str, ClaimVerdict]] = []
     per_sentence: list[SentenceScore] = []
+    antecedent = _subject(normalize(prefix[-_PREFIX_TAIL:])) if prefix else frozenset()
     for start, end, span in sentence_ranges(text):
-        verdicts = index.verify_sentence(Span(normalize(span.text), span.terminated, span.sentence_start))
+        norm = Span(normalize(span.text), span.terminated, span.sentence_start)
+        verdicts = index.verify_sentence(norm, antecedent if PRONOUN_RE.match(norm.text) else frozenset())
+        antecedent = _subject(norm.text) or antecedent
         s_checked = s_supported = 0
         reasons: list[str] = []
         for claim, verdict in verdicts:
