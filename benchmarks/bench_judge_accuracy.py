@@ -77,7 +77,8 @@ def first_unwanted(sample: dict[str, Any]) -> int | None:
     starts = [
         int(a["summary_start"])
         for a in sample.get("annotations") or []
-        if any(str(label).startswith("Unwanted") for label in a["label"]) and a.get("summary_start") is not None
+        if a.get("summary_start") is not None
+        and any(str(label).startswith("Unwanted") for label in a["label"])
     ]
     return min(starts) if starts else None
 

@@ -196,7 +196,9 @@ class ContextIndex:
         self._value_sentences = value_sentences
         self._carried = carried
         self._postings = postings
-        self._verdicts: OrderedDict[tuple[str, bool], tuple[tuple[str, ClaimVerdict], ...]] = OrderedDict()
+        self._verdicts: OrderedDict[
+            tuple[str, bool, frozenset[str]], tuple[tuple[str, ClaimVerdict], ...]
+        ] = OrderedDict()
         self._cache_size = claim_cache_size
         self._lock = threading.Lock()
 

@@ -316,7 +316,8 @@ def _word(tok: str) -> _Word:
 # a negation cue followed by one of these is no negation of the sentence: "no fewer than 300", "not only
 # ... but also", "not least", "none other than", "no doubt"
 _NOT_NEGATING_NEXT = frozenset(
-    "fewer less more greater smaller larger later earlier sooner only just least other doubt".split()
+    {"fewer", "less", "more", "greater", "smaller", "larger", "later", "earlier", "sooner", "only", "just",
+     "least", "other", "doubt"}
 )
 
 
@@ -473,7 +474,9 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
     if entity_run:
         entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
         groups.append(group)
-    return Facts(tuple(terms), tuple(numbers), tuple(entities), tuple(dates), negated, meta_only, tuple(groups))
+    return Facts(
+        tuple(terms), tuple(numbers), tuple(entities), tuple(dates), negated, meta_only, tuple(groups)
+    )
 
 
 @functools.lru_cache(maxsize=65536)

@@ -31,6 +31,7 @@ checkpoints judged.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -186,14 +187,12 @@ _METRICS = {
 }
 
 
-def _subject(text: str) -> frozenset[str]:
-    """The words of the first clause of the last sentence of ``text``: what a following "it" may stand
-    for. They only tie the next sentence's names and numbers to context sentences (a pronoun leaves a
-    claim with little to tie them to); they are never required to be in the context."""
-    spans = sentences(text)
-    if not spans:
-        return frozenset()
-    piece, start = scopes(spans[-1].text, spans[-1].sentence_start)[0]
+@functools.lru_cache(maxsize=4096)
+def _subject(sentence: str) -> frozenset[str]:
+    """The words of the first clause of ``sentence`` (normalised): what a following "it" may stand for.
+    They only tie the next sentence's names and numbers to context sentences (a pronoun leaves a claim
+    with little to tie them to); they are never required to be in the context."""
+    piece, start = scopes(sentence)[0]
     return fact_keys(analyze(piece, start))
 
 
@@ -201,11 +200,18 @@ def _claims_score(name: str, index: ContextIndex, text: str, *, what: str, prefi
     checked = supported = 0
     listed: list[tuple[str, ClaimVerdict]] = []
     per_sentence: list[SentenceScore] = []
-    antecedent = _subject(normalize(prefix[-_PREFIX_TAIL:])) if prefix else frozenset()
+    before: str | None = None  # the sentence before the one being judged, when it is known
     for start, end, span in sentence_ranges(text):
         norm = Span(normalize(span.text), span.terminated, span.sentence_start)
-        verdicts = index.verify_sentence(norm, antecedent if PRONOUN_RE.match(norm.text) else frozenset())
-        antecedent = _subject(norm.text) or antecedent
+        antecedent: frozenset[str] = frozenset()
+        if PRONOUN_RE.match(norm.text):
+            if before is None and prefix.strip():
+                tail = sentences(normalize(prefix[-_PREFIX_TAIL:]))
+                before = tail[-1].text if tail else None
+            if before is not None:
+                antecedent = _subject(before)
+        verdicts = index.verify_sentence(norm, antecedent)
+        before = norm.text
         s_checked = s_supported = 0
         reasons: list[str] = []
         for claim, verdict in verdicts:
