@@ -213,6 +213,12 @@ def test_a_negation_cue_inside_a_quantity_phrase_negates_nothing() -> None:
                  ("He drives the No. 32 Ford Fusion for the racing team.",)).value == 1.0
 
 
+def test_a_negation_word_inside_a_name_negates_nothing() -> None:
+    ctx = ("The magazine cover showed Never Shout Never and Hey Monday.",)
+    assert faith("The magazine cover showed Hey Monday.", ctx).value == 1.0
+    assert faith("The magazine cover did not show Hey Monday.", ctx).value == 0.0
+
+
 def test_negation_ends_at_the_clause_boundary() -> None:
     ctx = ("The company was not profitable in 1999, but its revenue grew in 2000.",)
     assert faith("Its revenue grew in 2000.", ctx).value == 1.0

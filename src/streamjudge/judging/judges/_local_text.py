@@ -386,7 +386,10 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
         if kind == "word":
             cjk_prev = None
             w = _word(tok)
-            if w.negation and not _quantity_phrase(matches, i, n, text):
+            # a title-case "Never" or "No" inside a sentence is part of a name ("Never Shout Never")
+            if w.negation and not _quantity_phrase(matches, i, n, text) and (
+                at_start or not w.upper or tok.isupper()
+            ):
                 negated = True
             capitalised = w.upper and (not at_start or _name_follows(matches, i, n, text))
             at_start = False
