@@ -256,6 +256,19 @@ def test_a_name_moved_to_another_role_is_unsupported() -> None:
     assert faith("Mumford & Sons is from Columbus, Ohio.", bands).value == 0.0
 
 
+def test_a_number_with_another_unit_of_its_kind_is_unsupported() -> None:
+    ctx = ("The adult dose is 5 mg twice a day. The trail is 10 km long. Turnout rose 3% in 2019.",)
+    for grounded in ("The adult dose is 5 mg twice a day.", "The trail is 10 kilometres long.",
+                     "Turnout rose 3 percent in 2019."):
+        assert faith(grounded, ctx).value == 1.0, grounded
+    for claim, reason in (("The adult dose is 5 g twice a day.", "5 g (context: mg)"),
+                          ("The trail is 10 miles long.", "10 mi (context: km)"),
+                          ("Turnout rose 3 points in 2019.", "3 points (context: %)")):
+        s = faith(claim, ctx)
+        assert s.value == 0.0, claim
+        assert "unit differs from the context: " + reason in s.sentences[0].reason
+
+
 def test_inflections_of_one_word_meet() -> None:
     from streamjudge.judging.judges._local_text import term
 

@@ -21,6 +21,7 @@ from streamjudge.judging.judges._local_text import (
     MONTHS,
     NUMBER_WORDS,
     PRONOUN_RE,
+    UNITS,
     Facts,
     Number,
     Span,
@@ -58,7 +59,8 @@ class ClaimVerdict:
     missing: tuple[str, ...] = ()
     negation_mismatch: bool = False
     coverage: float = 1.0
-    detached: tuple[str, ...] = ()  # numbers/dates the contexts state, but of something else
+    detached: tuple[str, ...] = ()  # names/numbers the contexts state, but of something else
+    units: tuple[str, ...] = ()  # numbers the contexts state with another unit ("5 mg" for "5 g")
 
 
 # a question asserts nothing: like filler, it counts neither way
@@ -70,6 +72,7 @@ class _Clause:
     negated: bool
     keys: frozenset[str]
     values: tuple[float, ...]
+    units: tuple[str | None, ...]  # the unit written after each value
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +101,8 @@ class ContextPart:
                 facts = analyze(piece, sentence_start=start)
                 c_keys = fact_keys(facts)
                 facts_keys |= c_keys
-                clauses.append(_Clause(facts.negated, c_keys, tuple(n.value for n in facts.numbers)))
+                clauses.append(_Clause(facts.negated, c_keys, tuple(n.value for n in facts.numbers),
+                                       tuple(n.unit for n in facts.numbers)))
                 if not subject and facts.entities:
                     tokens = facts.entities[0][1]
                     subject = frozenset((*tokens, *map(term, tokens)))
@@ -150,6 +154,7 @@ class ContextIndex:
         self.sentence_keys: list[frozenset[str]] = []
         postings: dict[str, list[int]] = {}
         value_sentences: dict[float, list[int]] = {}
+        value_units: dict[float, set[str | None]] = {}
         carried: dict[str, list[int]] = {}  # sentences a word is carried into by a leading pronoun
         seen: dict[str, ContextPart] = {}
         added: set[str] = set()
@@ -179,7 +184,8 @@ class ContextIndex:
                         plist = postings.setdefault(k, [])
                         if len(plist) <= _MAX_POSTINGS:
                             plist.append(cid)
-                    for v in clause.values:
+                    for v, unit in zip(clause.values, clause.units, strict=True):
+                        value_units.setdefault(v, set()).add(unit)
                         vlist = value_sentences.setdefault(v, [])
                         if len(vlist) <= _MAX_ATTACH and (not vlist or vlist[-1] != sent):
                             vlist.append(sent)
@@ -195,6 +201,7 @@ class ContextIndex:
         self.numbers = sorted(values)
         self._value_sentences = value_sentences
         self._carried = carried
+        self._value_units = value_units
         self._postings = postings
         self._verdicts: OrderedDict[
             tuple[str, bool, frozenset[str]], tuple[tuple[str, ClaimVerdict], ...]
@@ -260,6 +267,7 @@ class ContextIndex:
         detached: list[str] = []
         hard_miss = False
         soft_missing = 0
+        units: list[str] = []
         claim_keys = fact_keys(facts)
         tie_keys = claim_keys | antecedent
         groups = facts.groups
@@ -285,6 +293,8 @@ class ContextIndex:
                     hard_miss = True
                 else:
                     soft_missing += 1
+            elif n.unit is not None and (other := self._other_unit(values, n.unit)):
+                units.append(f"{n.surface} {n.unit} (context: {other})")
             elif not self._attached_number(values, tie_keys - {f"#{n.value:g}"}):
                 detached.append(n.surface)
         for short, surface in facts.dates:
@@ -300,7 +310,10 @@ class ContextIndex:
         counted = len(facts.terms) + soft_missing
         coverage = found / counted if counted else 1.0
         negation_mismatch = self._negation_mismatch(facts, claim_keys)
-        supported = not hard_miss and not detached and not negation_mismatch and coverage >= CONTENT_COVERAGE
+        supported = (
+            not hard_miss and not detached and not units and not negation_mismatch
+            and coverage >= CONTENT_COVERAGE
+        )
         return ClaimVerdict(
             supported=supported,
             filler=False,
@@ -308,6 +321,7 @@ class ContextIndex:
             negation_mismatch=negation_mismatch,
             coverage=coverage,
             detached=tuple(dict.fromkeys(detached)),
+            units=tuple(dict.fromkeys(units)),
         )
 
     def _attached_name(self, tokens: tuple[str, ...], claim_keys: frozenset[str] | set[str]) -> bool:
@@ -330,6 +344,17 @@ class ContextIndex:
             if not others.isdisjoint(keys) and all(t in keys for t in tokens):
                 return True
         return False
+
+    def _other_unit(self, values: list[float], unit: str) -> str:
+        """The units of the unit's kind the contexts state this number with, when they never state it
+        with ``unit`` or bare ("g" when the claim says "5 mg"); "" when the unit is fine."""
+        seen: set[str | None] = set()
+        for v in values:
+            seen |= self._value_units.get(v, {None})
+        if None in seen or unit in seen:
+            return ""
+        group = UNITS[unit][0]
+        return ", ".join(sorted(u for u in seen if u is not None and UNITS[u][0] == group))
 
     def _attached_number(self, values: list[float], others: frozenset[str]) -> bool:
         """Whether a context sentence that states the number is one the claim comes from: it shares two

@@ -234,7 +234,11 @@ for _group in _SYNONYM_GROUPS:
 
 @functools.lru_cache(maxsize=65536)
 def term(word_lower: str) -> str:
-    """The comparison key of a lowercase word: stemmed, then mapped onto its synonym group."""
+    """The comparison key of a lowercase word: stemmed, then mapped onto its synonym group; the forms of
+    one unit share a key ("km", "kilometres")."""
+    unit = UNITS.get(word_lower)
+    if unit is not None:
+        return "unit:" + unit[1]
     s = stem(word_lower)
     return SYNONYMS.get(s, s)
 
@@ -246,6 +250,7 @@ class Number:
     surface: str
     value: float
     tolerance: float  # half a unit of the last written digit: "181.7 million" matches 181,674,817
+    unit: str | None = None  # the unit written after it, by its canonical name ("kg" for "kilograms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +338,44 @@ def _quantity_phrase(matches: list[re.Match[str]], i: int, n: int, text: str) ->
 
 
 _NAME_GLUE = frozenset({"and", "or", "nor"})
+
+# Units that are easily confused, in groups: the same number with another unit of its group is another
+# fact ("5 mg" is not "5 g", "10 km" is not "10 miles", "3%" is not "3 points"). Canonical name first.
+_UNIT_GROUPS: tuple[tuple[tuple[str, ...], ...], ...] = (
+    (("mg", "milligram", "milligrams"), ("g", "gram", "grams"), ("kg", "kilogram", "kilograms", "kilo",
+     "kilos"), ("lb", "lbs", "pound", "pounds"), ("oz", "ounce", "ounces"), ("t", "tonne", "tonnes", "ton",
+     "tons"), ("mcg", "microgram", "micrograms", "µg")),
+    (("mm", "millimetre", "millimetres", "millimeter", "millimeters"), ("cm", "centimetre", "centimetres",
+     "centimeter", "centimeters"), ("m", "metre", "metres", "meter", "meters"), ("km", "kilometre",
+     "kilometres", "kilometer", "kilometers"), ("mi", "mile", "miles"), ("ft", "foot", "feet"),
+     ("in", "inch", "inches"), ("yd", "yard", "yards")),
+    (("ml", "millilitre", "millilitres", "milliliter", "milliliters"), ("l", "litre", "litres", "liter",
+     "liters"), ("gal", "gallon", "gallons")),
+    (("%", "percent", "per cent", "pct"), ("points", "point", "percentage points")),
+    (("s", "sec", "second", "seconds"), ("min", "minute", "minutes"), ("h", "hr", "hour", "hours"),
+     ("day", "days"), ("week", "weeks"), ("month", "months"), ("year", "years")),
+)
+UNITS: dict[str, tuple[int, str]] = {
+    name: (g, forms[0]) for g, group in enumerate(_UNIT_GROUPS) for forms in group for name in forms
+}
+
+
+def _unit_after(matches: list[re.Match[str]], i: int, n: int) -> str | None:
+    """The canonical unit written right after the number at ``matches[i]``, if any."""
+    if i + 1 >= n:
+        return None
+    nxt = matches[i + 1]
+    if nxt.lastgroup == "pct":
+        return "%"
+    if nxt.lastgroup != "word" or nxt.start() - matches[i].end() > 1:
+        return None
+    word = nxt.group().lower()
+    if word in ("in", "m", "t", "s", "l", "h") and nxt.start() == matches[i].end():
+        pass  # "5m", "3h": a unit glued to its number
+    elif word in ("in", "t", "s", "l", "h", "m"):
+        return None  # "5 in 2004", "5 s" are rarely units when written apart
+    unit = UNITS.get(word)
+    return unit[1] if unit is not None else None
 
 
 def _name_follows(matches: list[re.Match[str]], i: int, n: int, text: str) -> bool:
@@ -423,7 +466,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                         surface = text[m_start : matches[i + 1].end()]
                         prev_end = matches[i + 1].end()
                         i += 1
-                numbers.append(Number(surface, value, tol))
+                numbers.append(Number(surface, value, tol, _unit_after(matches, i, n)))
                 meta_only = False
             elif w.key is not None:
                 terms.append((w.key, tok))
@@ -450,7 +493,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                     surface = text[m_start : matches[i + 1].end()]
                     prev_end = matches[i + 1].end()
                     i += 1
-            numbers.append(Number(surface, value, tol))
+            numbers.append(Number(surface, value, tol, _unit_after(matches, i, n)))
             meta_only = False
             at_start = False
             group += 1

@@ -2,9 +2,10 @@
 
 Faithfulness splits the judged text into sentences and each sentence into claims (clauses joined by
 "and", "but" or ";" when each side carries its own facts) and checks each claim against the contexts:
-named entities, numbers (with scale words, "1,000" == "1000", rounding to the written precision) stated
-in a context sentence that shares a word with the claim (a year is checked against the event it is said
-of), month and day names, content words (lowercased, lemma-like keys so inflections meet, small synonym
+named entities and numbers (with scale words, "1,000" == "1000", rounding to the written precision, and
+the unit written after them: "5 mg" is not "5 g") stated in a context sentence the claim comes from (a
+year is checked against the event it is said of, a name against the role it is given), month and day
+names, content words (lowercased, lemma-like keys so inflections meet, small synonym
 groups, stopwords out) and negation against the best matching context clause (a negation reaches the end
 of its clause; "no fewer than" is no negation; a tie between a negated and a plain clause counts as a
 contradiction). Each sentence with at least one checkable claim gets a :class:`SentenceScore` (supported
@@ -251,6 +252,8 @@ def _reasons(verdict: ClaimVerdict) -> list[str]:
         reasons.append("not in context: " + ", ".join(verdict.missing[:8]))
     if verdict.detached:
         reasons.append("said of something else in the context: " + ", ".join(verdict.detached[:4]))
+    if verdict.units:
+        reasons.append("unit differs from the context: " + ", ".join(verdict.units[:4]))
     if verdict.negation_mismatch:
         reasons.append("negation differs from the context")
     return reasons
