@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -381,18 +382,21 @@ _TRICKY_RUNNING_TEXT = (
 )
 
 
-def test_incremental_checkpoints_equal_judging_each_text_afresh() -> None:
-    """A running text judged as it grows, character by character, on one judge (the incremental path)
-    gets exactly the verdicts a fresh judge gives each text: list markers, headings, abbreviations,
-    decimals and lower-case continuations decided by characters that arrive later included."""
+def test_a_shared_judge_gives_the_verdicts_of_a_fresh_one() -> None:
+    """Checkpoints of a tricky text (list markers, headings, abbreviations, decimals, CJK), cut anywhere
+    and judged with their prefix on one judge, get exactly what a fresh judge gives: the verdict and
+    analysis caches never change a score, a sentence or an explanation."""
     contexts = (CONTEXT, "Revenue was $1.2 billion in 2004. The company was not founded in Berlin.")
     judge = LocalJudge()
     text = _TRICKY_RUNNING_TEXT
-    for end in range(1, len(text) + 1):
-        for kind in ("checkpoint", "answer"):
-            item = EvalInput(QUESTION, contexts, text[:end], kind=kind, reference=text[:end])  # type: ignore[arg-type]
-            metrics = [F, semconv.CONTEXT_RECALL]
-            assert judge.evaluate_sync(item, metrics) == LocalJudge().evaluate_sync(item, metrics), text[:end]
+    metrics = [F, semconv.CONTEXT_RECALL]
+    for cut in range(0, len(text), 7):
+        for end in (cut + 40, len(text)):
+            new = text[cut:end]
+            for kind in ("checkpoint", "answer"):
+                item = EvalInput(QUESTION, contexts, new, kind=kind, reference=new,  # type: ignore[arg-type]
+                                 prefix=text[:cut], offset=cut)
+                assert judge.evaluate_sync(item, metrics) == LocalJudge().evaluate_sync(item, metrics), new
 
 
 @settings(max_examples=60, deadline=None)
@@ -400,17 +404,26 @@ def test_incremental_checkpoints_equal_judging_each_text_afresh() -> None:
     text=st.lists(
         st.sampled_from(
             [*"aZ1. -\n?!:;3'\"e)公。", " and ", " but ", "Dr.", " Palo Alto", " 1998", " was not",
-             " founded", "\n- ", "\n2. ", "..."]
+             " founded", "\n- ", "\n2. ", "...", "ﬁ", "\u00a0", " It"]
         ),
         max_size=40,
     ).map("".join),
     cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=8),
 )
-def test_incremental_checkpoints_on_arbitrary_growth(text: str, cuts: list[int]) -> None:
+def test_sentence_ranges_are_pieces_of_the_judged_text(text: str, cuts: list[int]) -> None:
     judge = LocalJudge()
-    for end in sorted({min(c, len(text)) for c in cuts} | {len(text)}):
-        item = EvalInput(QUESTION, (CONTEXT,), text[:end], kind="checkpoint")
-        assert judge.evaluate_sync(item, [F]) == LocalJudge().evaluate_sync(item, [F])
+    bounds = sorted({0, *(min(c, len(text)) for c in cuts), len(text)})
+    for a, b in itertools.pairwise(bounds):
+        item = EvalInput(QUESTION, (CONTEXT,), text[a:b], kind="checkpoint", prefix=text[:a], offset=a)
+        s = judge.evaluate_sync(item, [F]).get(F)
+        assert s is not None and s == LocalJudge().evaluate_sync(item, [F]).get(F)
+        last = 0
+        for x in s.sentences:
+            piece = item.answer[x.start : x.end]
+            assert piece and piece == piece.strip() and x.start >= last, (item.answer, s.sentences)
+            last = x.end
+        # a score has a value exactly when some sentence holds a checkable claim
+        assert (s.value is None) == (not s.sentences)
 
 
 def test_checkpoint_cost_does_not_grow_with_the_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
