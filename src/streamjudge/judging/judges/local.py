@@ -5,18 +5,23 @@ Faithfulness splits the judged text into sentences and each sentence into claims
 named entities and numbers (with scale words, "1,000" == "1000", rounding to the written precision, and
 the unit written after them: "5 mg" is not "5 g") stated in a context sentence the claim comes from (a
 year is checked against the event it is said of, a name against the role it is given), month and day
-names, content words (lowercased, lemma-like keys so inflections meet, small synonym
-groups, stopwords out) and negation against the best matching context clause (a negation reaches the end
-of its clause; "no fewer than" is no negation; a tie between a negated and a plain clause counts as a
-contradiction). Each sentence with at least one checkable claim gets a :class:`SentenceScore` (supported
-claims / checkable claims, and a reason naming what is unsupported); sentences of assistant filler
-("Here is what I found.") or questions carry no claim, are not listed and count neither way. The score is
-supported claims / checkable claims of the whole judged text; a labelled score fails when any sentence does.
+names, content words (lowercased, lemma-like keys so inflections meet, small synonym groups; stopwords
+and a tier of light words such as "called" or "several" left out) and negation against the best
+matching context clause (a negation reaches the end of its clause; "no fewer than" is no negation; a
+tie between a negated and a plain clause counts as a contradiction). Each sentence with at least one
+checkable claim gets a :class:`SentenceScore` (supported claims / checkable claims, and a reason naming
+what is unsupported); sentences of assistant filler ("Here is what I found.") or questions carry no
+claim, are not listed and count neither way. The score is supported claims / checkable claims of the
+whole judged text; a labelled score fails when any sentence does.
 
 A checkpoint sends only its new sentences (``EvalInput.answer``) with the text before them
-(``EvalInput.prefix``). The prefix is not used: a leading "it" or "the tower" carries no term to check,
-the judge checks only what a sentence itself states, and the antecedent was checked where it was stated;
-guessing an antecedent would only add terms of another sentence to this one's check.
+(``EvalInput.prefix``); only the new sentences are scored. A sentence that opens with a pronoun ("It was
+completed in 1889.") is tied to the words of the first clause of the sentence before it (the prefix's
+last sentence, for a checkpoint's first sentence): those words may connect the sentence's names and
+numbers to the context sentence they come from, and are never themselves required to be in the contexts
+(they were checked where they were stated). Context sentences that open with a pronoun are tied to the
+first name of the sentence before them in the same way. Nothing else is resolved: a definite reference
+("the tower") carries its own content word, which is checked like any other.
 
 Context precision ranks the contexts by how much of the question's focus terms each holds and averages
 precision over the ranks (the rank-weighted average precision of ragas' ContextPrecisionWithoutReference,
