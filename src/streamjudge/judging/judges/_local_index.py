@@ -277,7 +277,7 @@ class ContextIndex:
                 hard_miss = True
                 continue
             others = tie_keys
-            if len(groups) == len(facts.entities):
+            if len(facts.entities) > 1 and len(groups) == len(facts.entities):
                 beside = [e for j, (_, e) in enumerate(facts.entities) if j != k and groups[j] == groups[k]]
                 if beside:
                     others = others - {t for e in beside for t in (*e, *map(term, e))}
@@ -339,7 +339,7 @@ class ContextIndex:
         candidates = {self.clause_sentence[cid] for cid in plists[k]}  # type: ignore[union-attr]
         candidates.update(self._carried.get(tokens[k], ()))
         s_keys = self.sentence_keys
-        for sid in sorted(candidates):
+        for sid in candidates:  # any order: the answer is whether one exists
             keys = s_keys[sid]
             if not others.isdisjoint(keys) and all(t in keys for t in tokens):
                 return True
