@@ -53,7 +53,7 @@ def test_threshold_option_changes_the_verdict(tmp_path: Path) -> None:
     f = tmp_path / "c.jsonl"
     f.write_text(json.dumps({
         "question": "When was it founded?", "contexts": ["The company was founded in 1998 in Palo Alto."],
-        "answer": "The company was founded in 1998 in Palo Alto. It later moved to Europe in 2003.",
+        "answer": "The company was founded in 1998 in Palo Alto; it later moved to Europe in 2003.",
     }) + "\n")
     strict = json.loads(run(str(f), "--json", "--threshold", "0.9").stdout.splitlines()[0])
     lax = json.loads(run(str(f), "--json", "--threshold", "0.2").stdout.splitlines()[0])
