@@ -375,6 +375,67 @@ def test_any_chunking_gives_the_same_sentences_as_splitting_at_once(
     assert buffer.text() == text and buffer.length == len(text)
 
 
+def test_a_stop_run_across_the_run_on_cut_is_decided_as_when_split_at_once() -> None:
+    # "..." straddles the cut at 1000: the part after the cut starts a new sentence, whose stops are
+    # decided afresh, however the text was chunked (a "\r1" token used to leave "." and "1" joined)
+    text = "a" * 998 + "..." + "\r1"
+    buffer = SentenceBuffer()
+    streamed = [*buffer.feed("a" * 998 + "..."), *buffer.feed("\r1"), *buffer.flush()]
+    assert streamed == split_sentences(text)
+    assert [s.text for s in streamed] == ["a" * 998 + "..", ".", "1"]
+    assert sentences(text) == ["a" * 998 + "..", ".", "1"]
+
+
+STOP_FRAGMENTS = [f for f in FRAGMENTS if any(c in f for c in ".!?…。！？\n")]
+
+
+def test_chunk_boundaries_at_every_position_around_the_run_on_cut_give_the_same_sentences() -> None:
+    # exhaustive over a stop construct just before / across / after the limit, one more fragment after
+    # it, and chunk boundaries at every position around the cut (hypothesis rarely hits one exact split)
+    limit = 12
+    for head in ("a" * 14, " a." * 5):
+        for reach in range(limit - 3, limit + 1):
+            for stop in STOP_FRAGMENTS:
+                for after in [*FRAGMENTS, "\r1"]:
+                    text = head[:reach] + stop + after
+                    whole = split_sentences(text, limit)
+                    for c in range(reach - 2, len(text)):
+                        for d in (c + 1, len(text)):
+                            buffer = SentenceBuffer(limit)
+                            streamed = [*buffer.feed(text[:c]), *buffer.feed(text[c:d]), *buffer.feed(text[d:])]
+                            assert [*streamed, *buffer.flush()] == whole, (text, c, d)
+
+
+# text that reaches the run-on limit: filler of about the limit's length, then the fragments, so that the
+# forced cut falls on every construct
+@st.composite
+def _texts_at_the_cut(draw: st.DrawFn) -> tuple[str, int]:
+    max_chars = draw(st.sampled_from([1000, 40, 12, 3]))
+    filler = draw(st.sampled_from(["a", "ab ", "x.", " "]))
+    reach = draw(st.integers(max(0, max_chars - 8), max_chars + 2))
+    head = (filler * (reach // len(filler) + 1))[:reach]
+    return head + draw(st.sampled_from(STOP_FRAGMENTS)) + draw(texts), max_chars
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=_texts_at_the_cut(), data=st.data())
+def test_any_chunking_around_the_run_on_cut_gives_the_same_sentences(
+    case: tuple[str, int], data: st.DataObject
+) -> None:
+    text, max_chars = case
+    # chunk boundaries anywhere, and most of them close to the limit, where the cut happens
+    near = st.integers(min(len(text), max(0, max_chars - 6)), min(len(text), max_chars + 10))
+    cuts = sorted(data.draw(st.sets(st.one_of(near, st.integers(0, len(text))), max_size=12)))
+    chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    buffer = SentenceBuffer(max_chars)
+    streamed: list[Sentence] = []
+    for chunk in chunks:
+        streamed.extend(buffer.feed(chunk))
+    streamed.extend(buffer.flush())
+    assert streamed == split_sentences(text, max_chars)
+    assert all(s.end - s.start <= max_chars for s in streamed)
+
+
 @settings(max_examples=400, deadline=None)
 @given(text=texts, max_chars=st.sampled_from([1000, 40, 12, 3]))
 def test_sentences_cover_the_text_in_order_without_overlap(text: str, max_chars: int) -> None:
