@@ -246,7 +246,7 @@ class StreamJudgeMiddleware:
                     continue
                 try:
                     payload = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: JSON nested too deeply
                     continue
                 if maybe_terminal and terminal.json(payload):
                     return complete, at
@@ -388,7 +388,7 @@ class StreamJudgeMiddleware:
                 if text and text[0] == "{":
                     try:
                         payload = json.loads(text)
-                    except ValueError:
+                    except (ValueError, RecursionError):  # RecursionError: JSON nested too deeply
                         payload = None
                 event = json_event_name(payload)
                 if event in DONE_EVENTS or (payload is not None and self._terminal.json(payload)):
