@@ -240,12 +240,17 @@ class SSEParser:
         ctx = self._ctx
         raw = ctx + data
         self.scanned += len(raw)
-        m = _FRAME_END.search(raw)
-        if m is None:
+        if b"\r" not in raw:
+            end = raw.find(b"\n\n")
+            end = end + 2 if end >= 0 else -1
+        else:
+            m = _FRAME_END.search(raw)
+            end = -1 if m is None else m.end()
+        if end < 0:
             self._ctx = raw[-3:]
             return data, [], -1
         # the oversized frame ends in this chunk; what follows is parsed as usual
-        cut = m.end() - len(ctx)
+        cut = end - len(ctx)
         self._overflow = False
         self._ctx = b""
         head = data[:cut]
