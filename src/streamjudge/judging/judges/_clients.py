@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from streamjudge._redact import redact, register_secret
 from streamjudge.config import ConfigError, JudgeLLMSettings
 from streamjudge.judging.base import JudgeError, TransientJudgeError, Usage
 
@@ -187,7 +188,9 @@ def map_error(exc: BaseException, *, where: str = "judge LLM") -> JudgeError:
 
 
 def _excerpt(text: str, limit: int = RAW_EXCERPT_CHARS) -> str:
-    text = " ".join(text.split())
+    # error bodies end up in span attributes: secrets out (a gateway's 401 may echo the key), before the
+    # cut, which would leave a secret's head unrecognisable
+    text = redact(" ".join(text[: limit * 20].split()))
     return text if len(text) <= limit else text[:limit] + "…"
 
 
@@ -309,6 +312,7 @@ class OpenAIChatClient:
             raise ConfigError("the LLM judge needs a model: set EVAL_MODEL (or EVAL_CHECKPOINT_MODEL)")
         self.model: str = settings.model
         self.pricing = pricing or Pricing()
+        register_secret(settings.api_key)  # a key set in code is redacted from error texts too
         self.json_mode_supported: bool | None = None  # None = not tried yet
         self._http = _http_client("openai", settings, self.pricing)
         self.sdk = openai.AsyncOpenAI(
@@ -371,6 +375,7 @@ class AnthropicChatClient:
             raise ConfigError("the LLM judge needs a model: set EVAL_MODEL (or EVAL_CHECKPOINT_MODEL)")
         self.model: str = settings.model
         self.pricing = pricing or Pricing()
+        register_secret(settings.api_key)  # a key set in code is redacted from error texts too
         self.prefill_supported: bool | None = None
         self._http = _http_client("anthropic", settings, self.pricing)
         self.sdk = anthropic.AsyncAnthropic(
