@@ -286,6 +286,27 @@ def _http_client(sdk_package: str, settings: JudgeLLMSettings, pricing: Pricing)
     )
 
 
+def _warm_up(resource: Any, response_model: Any, sample: Mapping[str, Any]) -> None:
+    """Do at judge creation what the SDK would do in its first call.
+
+    The first call imports the SDK's resource modules (``sdk.chat`` alone is ~500 modules), httpcore's
+    asyncio backend (anyio) and builds the pydantic schemas of the response models: ~90 ms and more of
+    Python work holding the GIL on the judge pool's thread, which stalls the app's event loop (and its
+    token stream) mid-answer. Judges are created at configure time, before any stream. ``resource`` is
+    the SDK resource the client calls (accessing it imports it); ``response_model`` is constructed once
+    from ``sample``, which builds the schemas of it and its nested models. Failures are ignored: this only
+    moves work, it changes nothing.
+    """
+    with contextlib.suppress(Exception):
+        importlib.import_module("anyio._backends._asyncio")
+    with contextlib.suppress(Exception):
+        importlib.import_module("concurrent.futures.thread")  # asyncio's resolver thread pool
+    with contextlib.suppress(Exception):
+        # as the SDKs build a response: without validation, one nested model class at a time
+        response_model.construct(**sample)
+    del resource
+
+
 def _looks_like_json_mode_rejection(exc: BaseException, markers: tuple[str, ...]) -> bool:
     status = getattr(exc, "status_code", None)
     if status not in (400, 422):
@@ -322,6 +343,12 @@ class OpenAIChatClient:
             max_retries=0,
             http_client=self._http,
         )
+        _warm_up(self.sdk.chat.completions, openai.types.chat.ChatCompletion, {
+            "id": "warm-up", "object": "chat.completion", "created": 0, "model": self.model,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "{}"}}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        })
 
     async def complete(self, system: str, user: str, *, json_mode: bool = True,
                        max_tokens: int = 1024) -> str:
@@ -385,6 +412,11 @@ class AnthropicChatClient:
             max_retries=0,
             http_client=self._http,
         )
+        _warm_up(self.sdk.messages, anthropic.types.Message, {
+            "id": "warm-up", "type": "message", "role": "assistant", "model": self.model,
+            "content": [{"type": "text", "text": "{}"}], "stop_reason": "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        })
 
     async def complete(self, system: str, user: str, *, json_mode: bool = True,
                        max_tokens: int = 1024) -> str:
