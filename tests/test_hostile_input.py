@@ -189,6 +189,7 @@ def test_a_deeply_nested_frame_passes_through_the_middleware(
     sent = _serve(_http_app(content_type, chunks), dict(HTTP), [{"type": "http.request", "body": b""}])
     assert b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body") == body
     assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert _stream_answers(harness) == [("after", 5)]  # the nested frame carries no token
 
 
 def test_a_deeply_nested_websocket_message_passes_through(harness: Harness) -> None:
@@ -210,3 +211,47 @@ def test_a_deeply_nested_websocket_message_passes_through(harness: Harness) -> N
     assert [t for t in texts if t in messages] == messages  # the guard may add its own messages
     assert [m["bytes"] for m in sent if "bytes" in m] == [messages[0].encode()]
     assert sent[-1]["type"] == "websocket.close"
+
+
+def _stream_answers(h: Harness) -> list[tuple[str, int]]:
+    """(answer, its length) of each stream span (the answer attribute is capped, its length is not)."""
+    from streamjudge import semconv
+
+    out = []
+    for s in h.spans():
+        if s.name == semconv.SPAN_STREAM:
+            answer = s.attributes.get(semconv.STREAM_ANSWER, "")
+            out.append((answer, s.attributes.get(semconv.STREAM_ANSWER_LENGTH, len(answer))))
+    return out
+
+
+# (messages the app sends, the answer the guard sees); every case ends with the app's done message
+WS_CASES = {
+    "NUL bytes": (['{"token": "a\\u0000b"}', "plain\x00text"], "a\x00bplain\x00text"),
+    "invalid utf-8 bytes": ([b'{"token": "caf\xc3"}', b"\xff\xfe ok"], "caf\ufffd\ufffd\ufffd ok"),
+    "deeply nested JSON": (['{"a": ' + NESTED + "}", '{"token": "after"}'], "after"),
+    "not JSON": (['{"token": ', '{"token": "a"}'], '{"token": a'),
+    "large token": (['{"token": "' + "x" * (2 << 20) + '"}'], "x" * (2 << 20)),
+}
+
+
+@pytest.mark.parametrize("case", list(WS_CASES), ids=list(WS_CASES))
+def test_websocket_messages_pass_unchanged_and_tokens_are_extracted(harness: Harness, case: str) -> None:
+    harness.configure(None)
+    messages, answer = WS_CASES[case]
+    outgoing = [*messages, '{"type": "done"}']
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+        for m in outgoing:
+            await send({"type": "websocket.send", **({"bytes": m} if isinstance(m, bytes) else {"text": m})})
+        await send({"type": "websocket.close", "code": 1000})
+
+    sent = _serve(app, {"type": "websocket", "path": "/ws", "headers": []}, [{"type": "websocket.connect"}])
+    got = [m.get("text", m.get("bytes")) for m in sent if m["type"] == "websocket.send"]
+    assert [m for m in got if m in outgoing] == outgoing  # the app's messages, unchanged and in order
+    assert sent[-1]["type"] == "websocket.close"
+    ((seen, length),) = _stream_answers(harness)
+    head, _, tail = seen.partition(" … ")  # a long answer's attribute keeps its head and tail
+    assert length == len(answer) and answer.startswith(head) and answer.endswith(tail)

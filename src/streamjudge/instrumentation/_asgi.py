@@ -388,8 +388,11 @@ class StreamJudgeMiddleware:
                 if text and text[0] == "{":
                     try:
                         payload = json.loads(text)
-                    except (ValueError, RecursionError):  # RecursionError: JSON nested too deeply
+                    except ValueError:
                         payload = None
+                    except RecursionError:  # JSON nested too deeply to read: pass it on, no token
+                        await send(message)
+                        return
                 event = json_event_name(payload)
                 if event in DONE_EVENTS or (payload is not None and self._terminal.json(payload)):
                     swallow = False
