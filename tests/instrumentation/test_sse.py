@@ -203,3 +203,14 @@ def test_a_frame_at_the_cap_is_parsed_when_its_end_is_split(end: bytes) -> None:
         assert first[0] + second[0] + parser.flush() == frame + end
         assert first[1] + second[1] == [SSEFrame(None, "x" * 94)]
         assert parser.skipped == {}
+
+
+def test_the_terminal_frame_after_an_oversized_one_is_found() -> None:
+    parser = SSEParser(TERMINAL.sse, max_frame_bytes=50)
+    first, _, at = parser.feed_split(b"data: " + b"x" * 100)  # over the cap: passed through
+    assert at == -1 and parser.pending
+    chunk = b"x\n\nevent: token\ndata: a\n\nevent: done\ndata: {}\n\n"
+    complete, frames, at = parser.feed_split(chunk)
+    assert complete == chunk and not parser.pending
+    assert [f.event for f in frames] == ["token", "done"]
+    assert complete[at:].startswith(b"event: done")
