@@ -207,8 +207,8 @@ def test_a_frame_at_the_cap_is_parsed_when_its_end_is_split(end: bytes) -> None:
 
 def test_the_terminal_frame_after_an_oversized_one_is_found() -> None:
     parser = SSEParser(TERMINAL.sse, max_frame_bytes=50)
-    first, _, at = parser.feed_split(b"data: " + b"x" * 100)  # over the cap: passed through
-    assert at == -1 and parser.pending
+    first, _, at = parser.feed_split(b"data: " + b"x" * 100)
+    assert first == b"data: " + b"x" * 100 and at == -1 and parser.pending  # over the cap: passed through
     chunk = b"x\n\nevent: token\ndata: a\n\nevent: done\ndata: {}\n\n"
     complete, frames, at = parser.feed_split(chunk)
     assert complete == chunk and not parser.pending
