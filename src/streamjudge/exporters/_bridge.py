@@ -35,6 +35,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics
 
 from streamjudge import semconv
+from streamjudge._redact import redact
 from streamjudge.exporters.base import EvaluationRecord
 from streamjudge.results import Score
 
@@ -501,8 +502,7 @@ def _short(resp: httpx.Response) -> str:
         text = resp.text
     except Exception:
         return "<unreadable body>"
-    text = " ".join(text.split())
-    return text[:200]
+    return redact(" ".join(text[:4000].split()))[:200]  # a rejected request's body may echo the key
 
 
 class BridgeSink:

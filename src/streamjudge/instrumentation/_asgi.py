@@ -246,7 +246,7 @@ class StreamJudgeMiddleware:
                     continue
                 try:
                     payload = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: JSON nested too deeply
                     continue
                 if maybe_terminal and terminal.json(payload):
                     return complete, at
@@ -390,6 +390,9 @@ class StreamJudgeMiddleware:
                         payload = json.loads(text)
                     except ValueError:
                         payload = None
+                    except RecursionError:  # JSON nested too deeply to read: pass it on, no token
+                        await send(message)
+                        return
                 event = json_event_name(payload)
                 if event in DONE_EVENTS or (payload is not None and self._terminal.json(payload)):
                     swallow = False

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 from streamjudge import semconv
+from streamjudge._redact import redact
 from streamjudge.config import JudgeLLMSettings, Settings
 from streamjudge.judging.base import (
     EvalInput,
@@ -128,7 +129,7 @@ class LLMJudge:
                 raise res
             if isinstance(res, JudgeError):
                 errors.append(res)
-                scores[metric] = Score(metric, None, skipped=f"judge_error: {res}"[:300])
+                scores[metric] = Score(metric, None, skipped=redact(f"judge_error: {res}")[:300])
             elif isinstance(res, BaseException):
                 raise res
             else:
