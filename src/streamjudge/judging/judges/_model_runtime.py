@@ -122,6 +122,7 @@ class OnnxBackend:
         options.intra_op_num_threads = max(0, threads)
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 3  # graph-optimiser notes would land in the application's stderr
         try:
             self._session = ort.InferenceSession(
                 str(spec.onnx_file), sess_options=options, providers=ort.get_available_providers()
@@ -353,11 +354,23 @@ class ModelRuntime:
             self._pending_claims += n
             request.enqueued = time.monotonic()
             self._inbox.append(request)
+            # a caller that gives up (cancels the future) wakes the worker, which drops its pairs
+            request.future.add_done_callback(self._wake)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="streamjudge-model", daemon=True)
                 self._thread.start()
             self._cond.notify()
         return request.future
+
+    def _wake(self, future: Future[list[ClaimResult]]) -> None:
+        if future.cancelled():
+            with self._cond:
+                self._cond.notify()
+
+    @property
+    def pending_claims(self) -> int:
+        """Claims queued or being scored."""
+        return self._pending_claims
 
     def preload(self) -> None:
         """Load the model now on the calling thread (tests, benchmarks, warm-up at startup)."""
@@ -397,11 +410,12 @@ class ModelRuntime:
                 continue
             wait = pairs[0].request.enqueued + self.max_batch_s - time.monotonic()
             if len(pairs) < self.batch_size and wait > 0:
+                # wait for the batch to fill; a newcomer, a cancelled caller or shutdown wakes us early and
+                # the loop decides again
                 with self._cond:
                     if not self._inbox and not self._shutdown:
                         self._cond.wait(wait)
-                    if self._inbox and not self._shutdown:
-                        continue  # tokenise the newcomers, then decide again
+                continue
             batch = [pairs.popleft() for _ in range(min(self.batch_size, len(pairs)))]
             self._run(scorer, batch)
         # shutting down: nothing more runs
