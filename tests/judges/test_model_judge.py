@@ -493,3 +493,39 @@ def test_a_real_model_tells_grounded_from_fabricated() -> None:
     grounded, fabricated = score.sentences
     assert grounded.value > fabricated.value
     assert fabricated.value < 0.5
+
+
+def test_tiers_local_on_checkpoints_and_the_model_on_the_final_pass(model_dir: Path) -> None:
+    import streamjudge
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    settings = load_settings({
+        "STREAMJUDGE_CHECKPOINT_JUDGE": "local",
+        "STREAMJUDGE_JUDGE": "model",
+        "STREAMJUDGE_MODEL_PATH": str(model_dir),
+        "STREAMJUDGE_FINAL_METRICS": "faithfulness",
+    })
+    rt = streamjudge.configure(settings, downstream=SimpleSpanProcessor(exporter), set_global=False)
+
+    async def words() -> Any:
+        for w in f"{GROUNDED} {FABRICATED}".split(" "):
+            yield w + " "
+            await asyncio.sleep(0.002)
+
+    async def go() -> list[Any]:
+        return [ev async for ev in streamjudge.guard(words(), question="q", contexts=list(CONTEXTS))]
+
+    try:
+        events = asyncio.run(go())
+        assert rt.force_flush(10_000)
+        spans = exporter.get_finished_spans()
+    finally:
+        rt.shutdown()
+    assert events[-1].type == "done"
+    judges = {s.name: s.attributes.get(semconv.EVAL_JUDGE) for s in spans if semconv.EVAL_JUDGE in s.attributes}
+    assert judges == {semconv.SPAN_CHECKPOINT: "local", semconv.SPAN_STREAM: "model"}
+    final = next(s for s in spans if s.name == semconv.SPAN_STREAM)
+    assert final.attributes["streamjudge.eval.faithfulness.score"] == 0.5
+    assert final.attributes["streamjudge.eval.faithfulness.label"] == "fail"

@@ -97,6 +97,8 @@ class RuntimeStats:
     truncated_claims: int = 0
     dropped_requests: int = 0
     run_seconds: float = 0.0
+    # seconds of the most recent batches (tokenising + model run), for latency percentiles
+    batch_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
 
 class Backend(Protocol):
@@ -336,6 +338,7 @@ class ModelRuntime:
         self._thread: threading.Thread | None = None
         self._shutdown = False
         self._scorer: PairScorer | None = None
+        self._load_lock = threading.Lock()
         self._load_error: ModelRuntimeError | None = None
 
     def submit(self, request: ClaimRequest) -> Future[list[ClaimResult]]:
@@ -356,11 +359,20 @@ class ModelRuntime:
             self._inbox.append(request)
             # a caller that gives up (cancels the future) wakes the worker, which drops its pairs
             request.future.add_done_callback(self._wake)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="streamjudge-model", daemon=True)
-                self._thread.start()
+            self._start_locked()
             self._cond.notify()
         return request.future
+
+    def start(self) -> None:
+        """Start the worker, which loads the model at once (off the calling thread) and then waits."""
+        with self._cond:
+            if not self._shutdown:
+                self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="streamjudge-model", daemon=True)
+            self._thread.start()
 
     def _wake(self, future: Future[list[ClaimResult]]) -> None:
         if future.cancelled():
@@ -374,8 +386,10 @@ class ModelRuntime:
 
     def preload(self) -> None:
         """Load the model now on the calling thread (tests, benchmarks, warm-up at startup)."""
-        if self._scorer is None:
-            self._scorer = PairScorer(self.spec, make_backend(self.spec, self._backend_kind, self._threads))
+        with self._load_lock:  # the worker may be loading it at the same time
+            if self._scorer is None:
+                backend = make_backend(self.spec, self._backend_kind, self._threads)
+                self._scorer = PairScorer(self.spec, backend)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop the worker; requests still pending fail with :class:`ModelRuntimeError`."""
@@ -390,6 +404,7 @@ class ModelRuntime:
 
     def _work(self) -> None:
         pairs: deque[_Pair] = deque()
+        self._ensure_scorer([], pairs)  # load before the first claims arrive
         while True:
             with self._cond:
                 while not self._inbox and not pairs and not self._shutdown:
@@ -492,7 +507,9 @@ class ModelRuntime:
                 self._fail(request, error)
             return
         finally:
-            self.stats.run_seconds += time.perf_counter() - t0
+            elapsed = time.perf_counter() - t0
+            self.stats.run_seconds += elapsed
+            self.stats.batch_seconds.append(elapsed)
         self.stats.batches += 1
         self.stats.pairs += len(batch)
         self.stats.largest_batch = max(self.stats.largest_batch, len(batch))

@@ -118,6 +118,7 @@ class ModelJudge:
         del tier
         options = _options(settings)
         runtime, release = _shared_runtime(options)
+        runtime.start()  # the worker loads the model now, so the first answer does not wait for it
         return cls(runtime, timeout_s=settings.judge_timeout_s, release=release)
 
     async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
@@ -132,7 +133,14 @@ class ModelJudge:
                 runs[metric] = self._context_recall(item)
             else:
                 scores[metric] = Score(metric, None, skipped="unsupported_metric")
-        results = await asyncio.gather(*runs.values(), return_exceptions=True)
+        if len(runs) == 1:  # the usual case (a checkpoint asks for faithfulness only): no extra task
+            results: list[Any] = []
+            try:
+                results.append(await next(iter(runs.values())))
+            except ModelRuntimeError as exc:
+                results.append(exc)
+        else:
+            results = list(await asyncio.gather(*runs.values(), return_exceptions=True))
         for metric, res in zip(runs, results, strict=True):
             if isinstance(res, BaseException):
                 if isinstance(res, ModelRuntimeError):
@@ -198,11 +206,11 @@ class ModelJudge:
             ok = res.score >= DECISION_THRESHOLD
             supported += ok
             truncated += res.truncated > 0
-            passage = _passage(claim.sentence.text, contexts, res)
             reason = f"{label} {res.score:.2f}"
             if res.variant:
                 reason += " (read with the sentence before it)"
             if not ok:
+                passage = _passage(claim.sentence.text, contexts, res)
                 reason += f"; closest passage: \"{passage}\"" if passage else "; no passage supports it"
                 unsupported.append(f"\"{_quote(claim.sentence.text)}\" ({reason})")
             if res.truncated:
