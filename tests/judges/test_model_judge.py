@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("onnxruntime", reason="the model judge's tests need onnxruntime (streamjudge[model])")
 pytest.importorskip("onnx", reason="the tiny test model is built with onnx.helper")
 
-from tiny_nli import build_model_dir, vocabulary
+from tiny_nli import build_model_dir, build_slow_model_dir, vocabulary
 
 from streamjudge import semconv
 from streamjudge.config import ConfigError, Settings, load_settings
@@ -444,6 +444,17 @@ def test_claims_past_their_deadline_are_skipped_before_they_run(model_dir: Path)
     assert score is not None and score.skipped == "model_timeout"
     assert runtime_judge.runtime.stats.pairs == 0
     asyncio.run(runtime_judge.aclose())
+
+
+def test_a_batch_running_past_every_deadline_in_it_is_stopped(tmp_path: Path) -> None:
+    # ~4 s of MatMuls uninterrupted; the claims' deadline is 0.3 s after they are queued
+    path = build_slow_model_dir(tmp_path / "slow", nodes=150)
+    judge = make_judge(path, judge_timeout_s=0.3)
+    judge.runtime.preload()  # loaded before the clock starts, so the batch starts before the deadline
+    score = judge_once(judge, EvalInput("q", CONTEXTS, GROUNDED)).get(FAITH)
+    assert score is not None and score.skipped == "model_timeout"
+    assert "was stopped" in score.explanation  # stopped midway, not dropped before it ran
+    assert judge.runtime.stats.batches == 0
 
 
 def test_shutdown_fails_pending_claims_with_a_judge_error(slow_filling_judge: ModelJudge) -> None:

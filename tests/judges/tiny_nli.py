@@ -196,3 +196,45 @@ def build_model_dir(directory: Path, *, labels: Mapping[int, str] | None = None,
             graph = build_graph(vocab, n_outputs=n, token_types=token_types, slope=slope, bias=bias)
         onnx.save(graph, str(directory / "model.onnx"))
     return directory
+
+
+def build_slow_model_dir(directory: Path, *, nodes: int = 300, size: int = 1000) -> Path:
+    """The tiny model's files with a graph that takes seconds: ``nodes`` chained [size x size] MatMuls.
+
+    Its logits do not depend on the text (every pair is "neutral"); it exists to run past a deadline.
+    Each node is short (tens of ms), so a run can be stopped between nodes.
+    """
+    build_model_dir(directory, onnx_file=False)
+    inits = [
+        numpy_helper.from_array(np.eye(size, dtype=np.float32), "w"),
+        numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
+        numpy_helper.from_array(np.array([1, 2], dtype=np.int64), "axes12"),
+        numpy_helper.from_array(np.array([2], dtype=np.int64), "axis2"),
+        numpy_helper.from_array(np.array([1, size, size], dtype=np.int64), "shape"),
+        numpy_helper.from_array(np.array([[0.0, 1.0, 0.0]], dtype=np.float32), "head"),
+    ]
+    nodes_ = [
+        helper.make_node("Cast", ["attention_mask"], ["am"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["am", "axis1"], ["n"], keepdims=1),
+        helper.make_node("Unsqueeze", ["n", "axis2"], ["n3"]),
+        helper.make_node("Expand", ["n3", "shape"], ["x0"]),
+    ]
+    for i in range(nodes):
+        nodes_.append(helper.make_node("MatMul", [f"x{i}", "w"], [f"x{i + 1}"]))
+    nodes_ += [
+        helper.make_node("ReduceMean", [f"x{nodes}", "axes12"], ["m"], keepdims=0),
+        helper.make_node("Unsqueeze", ["m", "axis1"], ["m2"]),
+        helper.make_node("MatMul", ["m2", "head"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes_, "slow_nli",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, str(directory / "model.onnx"))
+    return directory

@@ -16,6 +16,7 @@ nobody waits for.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections import OrderedDict, deque
@@ -102,9 +103,61 @@ class RuntimeStats:
 
 
 class Backend(Protocol):
-    """Runs the classifier on one padded batch; returns logits ``[batch, n_labels]``."""
+    """Runs the classifier on one padded batch; returns logits ``[batch, n_labels]``.
 
-    def run(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any: ...
+    ``deadline`` (``time.monotonic``) is the batch's time budget: a backend that can stop a run midway
+    raises :class:`DeadlineError` once it passes; one that cannot may ignore it.
+    """
+
+    def run(self, input_ids: Any, attention_mask: Any, token_type_ids: Any, deadline: float) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class _Watchdog:
+    """Sets ONNX Runtime's ``RunOptions.terminate`` when the running batch's deadline passes.
+
+    One thread per backend, armed and disarmed around each run (a lock and a notify: microseconds), so a
+    batch that nobody waits for any more stops at its next graph node instead of running to the end.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._armed: tuple[Any, float] | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def arm(self, run_options: Any, deadline: float) -> None:
+        with self._cond:
+            self._armed = (run_options, deadline)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="streamjudge-model-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._armed = None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        with self._cond:
+            while not self._closed:
+                armed = self._armed
+                if armed is None:
+                    self._cond.wait()
+                    continue
+                remaining = armed[1] - time.monotonic()
+                if remaining > 0:
+                    self._cond.wait(min(remaining, threading.TIMEOUT_MAX))
+                    continue
+                armed[0].terminate = True
+                self._armed = None
 
 
 class OnnxBackend:
@@ -132,6 +185,8 @@ class OnnxBackend:
         except Exception as exc:  # a corrupt or incompatible graph
             raise ModelRuntimeError(f"ONNX Runtime cannot load {str(spec.onnx_file)!r}: {exc}") from None
         self._np = np
+        self._ort = ort
+        self._watchdog = _Watchdog()
         self._inputs = {i.name: (np.int32 if i.type == "tensor(int32)" else np.int64)
                         for i in self._session.get_inputs()}
         for required in ("input_ids", "attention_mask"):
@@ -143,12 +198,27 @@ class OnnxBackend:
         outputs = [o.name for o in self._session.get_outputs()]
         self._output = "logits" if "logits" in outputs else outputs[0]
 
-    def run(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+    def run(self, input_ids: Any, attention_mask: Any, token_type_ids: Any, deadline: float) -> Any:
         feed = {"input_ids": input_ids, "attention_mask": attention_mask}
         if "token_type_ids" in self._inputs:
             feed["token_type_ids"] = token_type_ids
         feed = {k: v.astype(self._inputs[k], copy=False) for k, v in feed.items()}
-        return self._session.run([self._output], feed)[0]
+        options = self._ort.RunOptions()
+        if math.isfinite(deadline):
+            self._watchdog.arm(options, deadline)
+        try:
+            return self._session.run([self._output], feed, options)[0]
+        except Exception:
+            if options.terminate:
+                raise DeadlineError(
+                    "the batch ran past the deadline of every claim in it and was stopped"
+                ) from None
+            raise
+        finally:
+            self._watchdog.disarm()
+
+    def close(self) -> None:
+        self._watchdog.close()
 
 
 class TorchBackend:
@@ -175,7 +245,8 @@ class TorchBackend:
         type_vocab = getattr(model.config, "type_vocab_size", 0) or 0
         self._types = type_vocab > 1
 
-    def run(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+    def run(self, input_ids: Any, attention_mask: Any, token_type_ids: Any, deadline: float) -> Any:
+        del deadline  # a torch forward pass cannot be stopped midway; requests past it are dropped before
         torch = self._torch
         feed = {
             "input_ids": torch.from_numpy(input_ids).to(self._device),
@@ -186,6 +257,9 @@ class TorchBackend:
         with torch.inference_mode():
             logits = self._model(**feed).logits
         return logits.float().cpu().numpy()
+
+    def close(self) -> None:
+        """Nothing to stop; the model is freed with the backend."""
 
 
 def make_backend(spec: ModelSpec, kind: str, threads: int) -> Backend:
@@ -242,14 +316,18 @@ class PairScorer:
                                        truncated))
         return pairs
 
-    def score(self, pairs: Sequence[_Pair]) -> list[float]:
-        """Scores of ``pairs`` (probability of the supporting label), one model run."""
+    def close(self) -> None:
+        """Stop the backend's helper thread."""
+        self._backend.close()
+
+    def score(self, pairs: Sequence[_Pair], deadline: float = math.inf) -> list[float]:
+        """Scores of ``pairs`` (probability of the supporting label), one model run within ``deadline``."""
         np = self._np
         encodings = self._pair.encode_batch([(p.premise, p.hypothesis) for p in pairs])
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
         types = np.array([e.type_ids for e in encodings], dtype=np.int64)
-        logits = np.asarray(self._backend.run(ids, mask, types), dtype=np.float64)
+        logits = np.asarray(self._backend.run(ids, mask, types, deadline), dtype=np.float64)
         if logits.ndim != 2 or logits.shape[0] != len(pairs):
             raise ModelRuntimeError(f"the model returned shape {logits.shape}, expected [batch, labels]")
         spec = self.spec
@@ -434,6 +512,8 @@ class ModelRuntime:
             batch = [pairs.popleft() for _ in range(min(self.batch_size, len(pairs)))]
             self._run(scorer, batch)
         # shutting down: nothing more runs
+        if self._scorer is not None:
+            self._scorer.close()
         gone = {id(p.request): p.request for p in pairs}
         for request in [*leftover, *gone.values()]:
             self._fail(request, ModelRuntimeError("the runtime shut down before the claims were scored"))
@@ -498,7 +578,8 @@ class ModelRuntime:
     def _run(self, scorer: PairScorer, batch: list[_Pair]) -> None:
         t0 = time.perf_counter()
         try:
-            scores = scorer.score(batch)
+            # the batch's budget: the latest deadline among its requests (past it, nobody waits for any)
+            scores = scorer.score(batch, max(p.request.deadline for p in batch))
         except Exception as exc:
             error = exc if isinstance(exc, ModelRuntimeError) else ModelRuntimeError(
                 f"the model failed on a batch of {len(batch)} pairs: {type(exc).__name__}: {exc}"
