@@ -9,8 +9,9 @@ releases the GIL while it runs, so the application's threads keep running) and r
 future once all its pairs are scored.
 
 A request whose deadline passed, or whose caller gave up (its future cancelled by the judge pool's
-timeout), is dropped before its pairs are run: a slow batch never makes later work pile up behind work
-nobody waits for.
+timeout), is dropped before its pairs are run, and a batch is given until the latest deadline among its
+requests: past it, a watchdog stops the ONNX Runtime run between two graph nodes. Work nobody waits for
+any more never makes later work pile up behind it.
 """
 
 from __future__ import annotations

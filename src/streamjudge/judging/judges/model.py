@@ -39,7 +39,9 @@ calls (up to ``STREAMJUDGE_MODEL_BATCH_SIZE`` pairs, waiting at most ``STREAMJUD
 for a batch to fill) and runs ONNX Runtime, which releases the GIL while it computes, with
 ``STREAMJUDGE_MODEL_THREADS`` intra-op threads. A full queue gives ``Score(skipped="model_queue_full")``;
 claims not reached within the pool's per-call timeout (``STREAMJUDGE_JUDGE_TIMEOUT``) give
-``skipped="model_timeout"`` and are dropped before they run; a model that cannot load or run raises
+``skipped="model_timeout"`` and are dropped before they run; a batch still running once the deadline of
+every claim in it has passed is stopped between graph nodes (ONNX Runtime's ``RunOptions.terminate``) and
+also gives ``model_timeout``. A model that cannot load or run raises
 :class:`~streamjudge.judging.base.JudgeError`, which the pool records as the job's ``error`` outcome.
 
 Tiers: a model costs milliseconds per sentence where the local judge costs microseconds, so the usual
@@ -141,12 +143,18 @@ class ModelJudge:
                 results.append(exc)
         else:
             results = list(await asyncio.gather(*runs.values(), return_exceptions=True))
+        failed: list[ModelRuntimeError] = []
         for metric, res in zip(runs, results, strict=True):
-            if isinstance(res, BaseException):
-                if isinstance(res, ModelRuntimeError):
-                    raise JudgeError(f"model judge: {res}") from res
+            if isinstance(res, ModelRuntimeError):
+                failed.append(res)
+                scores[metric] = Score(metric, None, skipped=f"judge_error: {res}"[:300])
+            elif isinstance(res, BaseException):
                 raise res
-            scores[metric] = res
+            else:
+                scores[metric] = res
+        if failed and len(failed) == len(runs):
+            # nothing was scored: the pool records the job as an error with this message
+            raise JudgeError(f"model judge: {failed[0]}") from failed[0]
         return JudgeResult(self.name, tuple(scores[m] for m in wanted))
 
     async def aclose(self) -> None:
