@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 pytest.importorskip("onnxruntime", reason="the model judge's tests need onnxruntime (streamjudge[model])")
 pytest.importorskip("onnx", reason="the tiny test model is built with onnx.helper")
 
 from tiny_nli import build_model_dir, build_slow_model_dir, vocabulary
 
+import streamjudge
 from streamjudge import semconv
 from streamjudge.config import ConfigError, Settings, load_settings
 from streamjudge.judging.base import EvalInput, JudgeError, JudgeResult, Score
@@ -507,10 +510,6 @@ def test_a_real_model_tells_grounded_from_fabricated() -> None:
 
 
 def test_tiers_local_on_checkpoints_and_the_model_on_the_final_pass(model_dir: Path) -> None:
-    import streamjudge
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
     exporter = InMemorySpanExporter()
     settings = load_settings({
         "STREAMJUDGE_CHECKPOINT_JUDGE": "local",
@@ -540,3 +539,37 @@ def test_tiers_local_on_checkpoints_and_the_model_on_the_final_pass(model_dir: P
     final = next(s for s in spans if s.name == semconv.SPAN_STREAM)
     assert final.attributes["streamjudge.eval.faithfulness.score"] == 0.5
     assert final.attributes["streamjudge.eval.faithfulness.label"] == "fail"
+
+
+def test_an_unusable_model_setting_falls_back_to_the_local_judge_not_a_crash(tmp_path: Path) -> None:
+    settings = Settings(judge="model", model_path=str(tmp_path / "missing"))
+    rt = streamjudge.configure(settings, downstream=SimpleSpanProcessor(InMemorySpanExporter()),
+                               set_global=False)
+    try:
+        assert rt.judge_for("answer").name == "local"
+    finally:
+        rt.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+def test_a_forked_worker_process_rebuilds_the_runtime(model_dir: Path) -> None:
+    judge = make_judge(model_dir)
+    item = EvalInput("q", CONTEXTS, f"{GROUNDED} {FABRICATED}")
+    parent = asyncio.run(judge.evaluate(item, (FAITH,))).scores[0].value
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's worker thread and session are gone
+        try:
+            value = asyncio.run(judge.evaluate(item, (FAITH,))).scores[0].value
+            os.write(write, repr(value).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        got = os.read(read, 100).decode()
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+        asyncio.run(judge.aclose())
+    assert parent == 0.5
+    assert got == "0.5"
