@@ -573,3 +573,44 @@ def test_a_forked_worker_process_rebuilds_the_runtime(model_dir: Path) -> None:
         asyncio.run(judge.aclose())
     assert parent == 0.5
     assert got == "0.5"
+
+
+_HUB_SCRIPT = """
+import asyncio, sys
+from streamjudge.config import ConfigError, Settings
+from streamjudge.judging.base import EvalInput
+from streamjudge.judging.judges import create_judge
+try:
+    judge = create_judge("model", Settings(model_path=sys.argv[1]))
+except ConfigError as exc:
+    print("ConfigError:", exc)
+    raise SystemExit(0)
+item = EvalInput("q", ("Paris is the capital of France.",), "Paris is the capital of France.")
+print(judge.runtime.spec.directory)
+print(asyncio.run(judge.evaluate(item, ["faithfulness"])).scores[0].value)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("huggingface_hub") is None, reason="huggingface_hub is not installed")
+def test_a_hub_id_is_resolved_through_snapshot_download(tmp_path: Path) -> None:
+    import subprocess
+
+    # a hub cache holding the tiny model, read by huggingface_hub itself in offline mode (no network here)
+    repo = tmp_path / "hub" / "models--someorg--tiny-nli"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    build_model_dir(repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+    def run(model_id: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", _HUB_SCRIPT, model_id], env=env, capture_output=True,
+                             text=True, timeout=120, check=True)
+        return out.stdout.strip().splitlines()
+
+    directory, value = run("someorg/tiny-nli")
+    assert directory == str(repo / "snapshots" / revision)
+    assert value == "1.0"
+    (message,) = run("someorg/not-cached")
+    assert message.startswith("ConfigError: STREAMJUDGE_MODEL_PATH='someorg/not-cached': cannot fetch model")

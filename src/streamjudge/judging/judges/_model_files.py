@@ -74,7 +74,7 @@ def read_spec(directory: Path, *, max_length: int = 0) -> ModelSpec:
         raise ModelFileError(
             f"model directory {str(directory)!r} has no {' or '.join(missing)} (a model directory needs "
             "config.json, tokenizer.json and model.onnx, e.g. from `optimum-cli export onnx "
-            "--task text-classification`)"
+            "--task text-classification`; transformers' AutoTokenizer.save_pretrained writes tokenizer.json)"
         )
     config = _json(config_path)
     labels = _labels(config, config_path)
@@ -152,11 +152,18 @@ def _max_length(directory: Path, config: dict[str, Any], model_type: str, cap: i
     return min(limits) if limits else _DEFAULT_MAX_LENGTH
 
 
-def resolve_directory(path_or_id: str) -> Path:
+# what a snapshot fetches: config and tokenizer files, and the weights of the backend that will run them
+_HUB_FILES = ["*.json", "*.txt", "*.model"]
+_HUB_ONNX = [*ONNX_CANDIDATES]
+_HUB_TORCH = ["*.safetensors", "pytorch_model.bin"]
+
+
+def resolve_directory(path_or_id: str, backend: str = "auto") -> Path:
     """A local directory as it is; anything else is a hub model id fetched with ``snapshot_download``.
 
     huggingface_hub is imported only here, and only for an id: a machine without it (or without a network)
-    can still use a local directory.
+    can still use a local directory. The ONNX graph is fetched for ``onnx``/``auto``, the PyTorch weights
+    for ``torch`` (and for ``auto`` when the repository has no ONNX graph).
     """
     local = Path(path_or_id).expanduser()
     if local.exists() or path_or_id.startswith((".", "/", "~")) or path_or_id.count("/") > 1:
@@ -170,13 +177,13 @@ def resolve_directory(path_or_id: str) -> Path:
             "directory"
         ) from None
     try:
-        fetched = snapshot_download(
-            repo_id=path_or_id,
-            allow_patterns=["*.json", "*.txt", "model.onnx", "onnx/model.onnx", "*.safetensors"],
-        )
+        patterns = _HUB_FILES + (_HUB_TORCH if backend == "torch" else _HUB_ONNX)
+        fetched = Path(snapshot_download(repo_id=path_or_id, allow_patterns=patterns))
+        if backend == "auto" and not any((fetched / c).is_file() for c in ONNX_CANDIDATES):
+            fetched = Path(snapshot_download(repo_id=path_or_id, allow_patterns=_HUB_FILES + _HUB_TORCH))
     except Exception as exc:  # network, auth, unknown repo: all mean "use a local directory"
         raise ModelFileError(
             f"cannot fetch model {path_or_id!r} ({type(exc).__name__}: {exc}); set STREAMJUDGE_MODEL_PATH "
             "to a local model directory"
         ) from None
-    return Path(fetched)
+    return fetched

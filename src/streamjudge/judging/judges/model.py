@@ -333,7 +333,7 @@ def _options(settings: Settings) -> _Options:
 
 def _load_spec(options: _Options) -> ModelSpec:
     try:
-        spec = read_spec(resolve_directory(options.path), max_length=options.max_length)
+        spec = read_spec(resolve_directory(options.path, options.backend), max_length=options.max_length)
     except ModelFileError as exc:
         raise ConfigError(f"STREAMJUDGE_MODEL_PATH={options.path!r}: {exc}") from None
     needs = ["tokenizers", "numpy"]
