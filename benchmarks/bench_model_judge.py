@@ -12,6 +12,14 @@ against a different context, and reports:
   (submit to scores, including the wait for a batch to fill);
 - the spread (min..max) over ``--repeats`` runs.
 
+It then measures what the judge takes from the application: a pure-Python thread (the app) counts loop
+turns for ``--app-seconds`` alone, then while another thread keeps the judge busy (32 concurrent
+evaluations at a time, as the judge pool would), with the tiny model (the judge's own Python work
+dominates) and with a deliberately heavy ONNX graph (chained 512x512 MatMuls, batch size 8: inference
+dominates, and ONNX Runtime runs it without the GIL). Reported: the app thread's pace as a share of its
+pace alone, and the claims judged meanwhile. On a machine with other load the CPU share, not only the
+GIL, sets this figure.
+
 With ``STREAMJUDGE_TEST_MODEL_PATH`` (or ``--model``) naming a real NLI / HHEM-style model directory, it
 also scores ``../shared/benchdata/halueval-qa-dev/cases.jsonl`` with that model and with the local judge:
 balanced accuracy, TPR (hallucinated answers caught) and TNR (right answers passed) at threshold 0.5,
@@ -30,6 +38,7 @@ import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "judges"))
 
-from tiny_nli import CONTENT, build_model_dir  # noqa: E402
+from tiny_nli import CONTENT, build_model_dir, build_slow_model_dir  # noqa: E402
 
 from streamjudge import semconv  # noqa: E402
 from streamjudge.config import Settings  # noqa: E402
@@ -151,6 +160,86 @@ def bench_idle(model_path: str, repeats: int, threads: int, n: int = 200) -> dic
             for key, v in (("p50_ms", p50), ("p99_ms", p99))}
 
 
+def _count_for(seconds: float) -> float:
+    """Loop turns per second of pure-Python work on the calling thread (an app handling requests)."""
+    n = 0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(1000):
+            n += 1
+    return n / seconds
+
+
+def _pace_beside(work: Any, seconds: float) -> tuple[float, int]:
+    """The app thread's pace while ``work(stop, done)`` runs on another thread, and the units it did."""
+    stop = threading.Event()
+    done = [0]
+    worker = threading.Thread(target=work, args=(stop, done), name="beside-the-app")
+    worker.start()
+    time.sleep(0.05)  # the worker is busy before the app starts counting
+    before = done[0]
+    pace = _count_for(seconds)
+    did = done[0] - before
+    stop.set()
+    worker.join()
+    return pace, did
+
+
+def _python_busy(stop: threading.Event, done: list[int]) -> None:
+    while not stop.is_set():
+        for _ in range(1000):
+            done[0] += 1
+
+
+def _judge_busy(judge: ModelJudge, items: list[EvalInput], concurrency: int) -> Any:
+    def work(stop: threading.Event, done: list[int]) -> None:
+        async def drive() -> None:
+            i = 0
+            while not stop.is_set():
+                wave = [items[(i + k) % len(items)] for k in range(concurrency)]
+                i += concurrency
+                await asyncio.gather(*(judge.evaluate(it, (FAITH,)) for it in wave))
+                done[0] += concurrency
+
+        asyncio.run(drive())
+
+    return work
+
+
+def app_share(model_path: str | None, seconds: float, repeats: int, threads: int, batch_size: int,
+              concurrency: int = 32) -> dict[str, Any]:
+    """The app thread's pace while the judge works beside it (``model_path`` None: a pure-Python busy
+    thread instead, the reference), as a share of its pace alone."""
+    judge: ModelJudge | None = None
+    if model_path is not None:
+        made = create_judge("model", Settings(model_path=model_path, model_batch_size=batch_size,
+                                              model_threads=threads, model_max_batch_ms=5.0,
+                                              judge_timeout_s=600))
+        assert isinstance(made, ModelJudge)
+        judge = made
+        judge.runtime.preload()
+    shares: list[float] = []
+    rates: list[float] = []
+    for r in range(repeats):
+        if judge is None:
+            work = _python_busy
+        else:
+            work = _judge_busy(judge, synthetic_items(concurrency * 64, seed=99 + r), concurrency)
+        # alone before and after: the machine's other load drifts, the mean of the two brackets it
+        before = _count_for(seconds)
+        beside, did = _pace_beside(work, seconds)
+        after = _count_for(seconds)
+        shares.append(beside / ((before + after) / 2))
+        rates.append(did / seconds)
+    if judge is not None:
+        asyncio.run(judge.aclose())
+    return {
+        "app_pace_share": {"median": statistics.median(shares), "min": min(shares), "max": max(shares)},
+        "claims_per_s": {"median": statistics.median(rates), "min": min(rates), "max": max(rates)},
+        "batch_size": batch_size,
+    }
+
+
 # --- accuracy on HaluEval (real model only) ------------------------------------------------------
 
 
@@ -226,6 +315,15 @@ def print_report(report: dict[str, Any]) -> None:
     idle = report["idle"]
     print(f"one evaluation at a time (idle runtime, no batch wait): p50 {cell(idle['p50_ms'], 0, '.3f')} ms, "
           f"p99 {cell(idle['p99_ms'], 0, '.3f')} ms")
+    print()
+    print(f"a pure-Python app thread beside the busy judge ({report['app_seconds']:g} s per run, "
+          f"{report['app_repeats']} runs; pace as a share of its pace alone; median (min..max)):")
+    for name, r in report["app_share"].items():
+        if not r["batch_size"]:
+            print(f"  {name:<46}: app pace {cell(r['app_pace_share'], 0, '.0%')}")
+            continue
+        print(f"  {name:<37} batch {r['batch_size']:>2}: app pace "
+              f"{cell(r['app_pace_share'], 0, '.0%')}, judged {cell(r['claims_per_s'], 0)} claims/s")
     acc = report.get("accuracy")
     print()
     if acc is None:
@@ -247,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--claims", type=int, default=512, help="concurrent evaluations per run")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--app-seconds", type=float, default=0.5, help="app-thread measurement per run")
+    parser.add_argument("--app-repeats", type=int, default=3, help="runs of each app-thread measurement")
     parser.add_argument("--max-batch-ms", type=float, default=5.0)
     parser.add_argument("--model", default=os.environ.get("STREAMJUDGE_TEST_MODEL_PATH"),
                         help="real model directory for the accuracy part (STREAMJUDGE_TEST_MODEL_PATH)")
@@ -256,12 +356,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     report: dict[str, Any] = {"claims": args.claims, "repeats": args.repeats, "threads": args.threads,
-                              "max_batch_ms": args.max_batch_ms}
+                              "max_batch_ms": args.max_batch_ms, "app_seconds": args.app_seconds,
+                              "app_repeats": args.app_repeats}
     with tempfile.TemporaryDirectory() as tmp:
         tiny = build_model_dir(Path(tmp) / "tiny-nli")
         report["throughput"] = bench_throughput(str(tiny), args.claims, args.repeats, BATCH_SIZES,
                                                 args.threads, args.max_batch_ms)
         report["idle"] = bench_idle(str(tiny), args.repeats, args.threads)
+        heavy = build_slow_model_dir(Path(tmp) / "heavy", nodes=4, size=256)
+        report["app_share"] = {
+            "reference: a pure-Python busy thread": app_share(None, args.app_seconds, args.app_repeats,
+                                                              args.threads, 0),
+            "tiny model (judge's Python work)": app_share(str(tiny), args.app_seconds, args.app_repeats,
+                                                          args.threads, 32),
+            "heavy graph (ONNX Runtime work)": app_share(str(heavy), args.app_seconds, args.app_repeats,
+                                                         args.threads, 8),
+        }
     if not args.model:
         report["accuracy"] = None
         report["accuracy_skipped"] = (
