@@ -44,12 +44,17 @@ every claim in it has passed is stopped between graph nodes (ONNX Runtime's ``Ru
 also gives ``model_timeout``. A model that cannot load or run raises
 :class:`~streamjudge.judging.base.JudgeError`, which the pool records as the job's ``error`` outcome.
 
-Tiers: a model costs milliseconds per sentence where the local judge costs microseconds, so the usual
-set-up judges checkpoints with the local judge and the final pass with the model::
+The worker is not under ``STREAMJUDGE_JUDGE_CPU_SHARE`` (that caps the pool's own thread, whose work holds
+the GIL); ``STREAMJUDGE_MODEL_THREADS`` bounds the cores inference takes.
+
+Tiers: a model costs milliseconds or more per sentence where the local judge costs microseconds, so the
+usual set-up judges checkpoints (and the pre-flight gate, which needs context precision) with the local
+judge and the final pass with the model::
 
     STREAMJUDGE_CHECKPOINT_JUDGE=local STREAMJUDGE_JUDGE=model STREAMJUDGE_MODEL_PATH=/models/nli-onnx
 
-Setting both tiers to ``model`` shares one loaded model and one worker between them.
+Setting both tiers to ``model`` shares one loaded model and one worker between them (the pre-flight gate
+then has no score: context precision is skipped).
 """
 
 from __future__ import annotations
