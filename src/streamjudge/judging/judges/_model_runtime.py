@@ -419,6 +419,7 @@ class ModelRuntime:
         self._scorer: PairScorer | None = None
         self._load_lock = threading.Lock()
         self._load_error: ModelRuntimeError | None = None
+        self._sweep = False  # set when a caller cancelled: the worker drops dead pairs at once
 
     def submit(self, request: ClaimRequest) -> Future[list[ClaimResult]]:
         """Queue ``request``; its future resolves to one :class:`ClaimResult` per claim."""
@@ -436,10 +437,11 @@ class ModelRuntime:
             self._pending_claims += n
             request.enqueued = time.monotonic()
             self._inbox.append(request)
-            # a caller that gives up (cancels the future) wakes the worker, which drops its pairs
-            request.future.add_done_callback(self._wake)
             self._start_locked()
             self._cond.notify()
+        # a caller that gives up (cancels the future) wakes the worker, which drops its pairs (outside the
+        # lock: a future cancelled already runs the callback at once)
+        request.future.add_done_callback(self._wake)
         return request.future
 
     def start(self) -> None:
@@ -456,6 +458,7 @@ class ModelRuntime:
     def _wake(self, future: Future[list[ClaimResult]]) -> None:
         if future.cancelled():
             with self._cond:
+                self._sweep = True
                 self._cond.notify()
 
     @property
@@ -499,7 +502,9 @@ class ModelRuntime:
                 continue
             for request in incoming:
                 self._expand(scorer, request, pairs)
-            self._drop_dead(pairs)
+            if self._sweep:  # a caller gave up: give its queue places back now, not when its turn comes
+                self._sweep = False
+                self._drop_dead(pairs)
             if not pairs:
                 continue
             wait = pairs[0].request.enqueued + self.max_batch_s - time.monotonic()
@@ -510,8 +515,9 @@ class ModelRuntime:
                     if not self._inbox and not self._shutdown:
                         self._cond.wait(wait)
                 continue
-            batch = [pairs.popleft() for _ in range(min(self.batch_size, len(pairs)))]
-            self._run(scorer, batch)
+            batch = self._take(pairs)
+            if batch:
+                self._run(scorer, batch)
         # shutting down: nothing more runs
         if self._scorer is not None:
             self._scorer.close()
@@ -522,6 +528,10 @@ class ModelRuntime:
     def _ensure_scorer(self, incoming: list[ClaimRequest], pairs: deque[_Pair]) -> PairScorer | None:
         if self._scorer is not None:
             return self._scorer
+        if self._load_error is not None:  # loading failed before: do not try again for every request
+            for request in incoming:
+                self._fail(request, self._load_error)
+            return None
         try:
             self.preload()
         except ModelRuntimeError as exc:
@@ -554,27 +564,36 @@ class ModelRuntime:
             return
         pairs.extend(new)
 
-    def _drop_dead(self, pairs: deque[_Pair]) -> None:
-        """Leave out pairs whose request was cancelled, failed or ran past its deadline."""
-        if not pairs:
-            return
+    def _take(self, pairs: deque[_Pair]) -> list[_Pair]:
+        """The next batch: up to ``batch_size`` pairs from the front whose request still waits."""
         now = time.monotonic()
-        keep: deque[_Pair] = deque()
-        for p in pairs:
-            request = p.request
-            if request.future.done():  # cancelled by its caller (the judge pool's timeout)
-                self._release(request)
-                continue
-            if now > request.deadline:
-                self._fail(request, DeadlineError(
-                    f"the model did not reach these claims within their deadline "
-                    f"({request.deadline - request.enqueued:.3g}s after they were queued)"
-                ))
-                continue
-            keep.append(p)
+        batch: list[_Pair] = []
+        while pairs and len(batch) < self.batch_size:
+            p = pairs.popleft()
+            if self._alive(p.request, now):
+                batch.append(p)
+        return batch
+
+    def _drop_dead(self, pairs: deque[_Pair]) -> None:
+        """Leave out every pair whose request was cancelled, failed or ran past its deadline."""
+        now = time.monotonic()
+        keep = [p for p in pairs if self._alive(p.request, now)]
         if len(keep) != len(pairs):
             pairs.clear()
             pairs.extend(keep)
+
+    def _alive(self, request: ClaimRequest, now: float) -> bool:
+        """Whether ``request`` still waits for its scores (a dead one is released or failed here)."""
+        if request.future.done():  # cancelled by its caller (the judge pool's timeout), or failed
+            self._release(request)
+            return False
+        if now > request.deadline:
+            self._fail(request, DeadlineError(
+                f"the model did not reach these claims within their deadline "
+                f"({request.deadline - request.enqueued:.3g}s after they were queued)"
+            ))
+            return False
+        return True
 
     def _run(self, scorer: PairScorer, batch: list[_Pair]) -> None:
         t0 = time.perf_counter()
