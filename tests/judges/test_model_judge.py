@@ -170,6 +170,20 @@ def test_a_long_context_is_split_into_windows_and_the_best_one_counts(tmp_path: 
     assert judge.runtime.stats.pairs > 5  # many windows, one of which holds the fact
 
 
+@pytest.mark.parametrize("width", [4, 11, 24, 100])
+@pytest.mark.parametrize("claim", [1, 3, 7, 40])
+def test_windows_cover_every_passage_as_long_as_the_claim(width: int, claim: int) -> None:
+    from streamjudge.judging.judges._model_runtime import _windows
+
+    span = min(claim, width // 2)
+    for n in range(1, 3 * width + 5):
+        windows = _windows(n, width, claim)
+        assert windows[0][0] == 0 and windows[-1][1] == n
+        assert all(b - a == min(width, n) for a, b in windows)
+        for start in range(0, n - span + 1):
+            assert any(a <= start and start + span <= b for a, b in windows), (n, start)
+
+
 def test_a_claim_longer_than_half_the_window_is_cut_and_says_so(tmp_path: Path) -> None:
     path = build_model_dir(tmp_path / "short", max_position_embeddings=24)
     claim = "Paris is the capital of France and Paris has about two million inhabitants and Paris is the capital."
@@ -194,6 +208,29 @@ def test_roberta_style_graph_without_token_type_ids(tmp_path: Path) -> None:
     path = build_model_dir(tmp_path / "rob", token_types=False)
     score = faith(make_judge(path), f"{GROUNDED} {FABRICATED}")
     assert [s.value > 0.5 for s in score.sentences] == [True, False]
+
+
+def test_a_prompt_template_model_reads_one_text_with_both_in_it(tmp_path: Path) -> None:
+    # HHEM-2.1 style: config.json's prompt puts premise and hypothesis into one text. This template ends
+    # with a word of its own, which the tiny model reads as part of the hypothesis
+    prompt = "premise : {text1} [SEP] {text2} france"
+    path = build_model_dir(tmp_path / "prompted", token_types=False, labels={0: "hallucinated", 1: "consistent"},
+                           prompt=prompt, max_position_embeddings=24)
+    judge = make_judge(path)
+    assert judge.runtime.spec.prompt == prompt
+    filler = " ".join(["Bananas are yellow fruit grown in the tropics."] * 4)
+    contexts = (f"{filler} Paris is the capital of France. {filler}",)
+    score = faith(judge, f"{GROUNDED} {FABRICATED}", contexts)
+    assert [s.value > 0.5 for s in score.sentences] == [True, False]
+    # the template is what the model reads: without "France" in the context, its own word is unsupported
+    alone = faith(make_judge(path), "Bananas are yellow fruit.", ("Bananas are yellow fruit grown in the tropics.",))
+    assert alone.sentences[0].value < 0.1
+
+
+def test_a_prompt_without_both_placeholders_is_a_config_error(tmp_path: Path) -> None:
+    path = build_model_dir(tmp_path / "bad-prompt", prompt="premise: {premise} hypothesis: {hypothesis}")
+    with pytest.raises(ConfigError, match=r"'prompt' must be a template holding \{text1\}"):
+        make_judge(path)
 
 
 # --- label mappings ------------------------------------------------------------------------------

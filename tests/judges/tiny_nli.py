@@ -56,6 +56,7 @@ def vocabulary(extra: Iterable[str] = ()) -> dict[str, int]:
 def build_tokenizer(vocab: Mapping[str, int]) -> Tokenizer:
     """Lowercasing WordLevel tokenizer with a BERT pair template ([CLS] A [SEP] B [SEP], B typed 1)."""
     tok = Tokenizer(WordLevel(dict(vocab), unk_token="[UNK]"))
+    tok.add_special_tokens(list(SPECIALS))  # as in a real tokenizer.json: "[SEP]" in a text is the token
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = TemplateProcessing(
@@ -160,11 +161,12 @@ def build_model_dir(directory: Path, *, labels: Mapping[int, str] | None = None,
                     max_position_embeddings: int = 128, token_types: bool = True,
                     model_type: str = "bert", onnx_file: bool = True, extra_words: Iterable[str] = (),
                     single_logit_slope: float = -6.0, single_logit_bias: float = 3.0,
-                    tokenizer_config: Mapping[str, object] | None = None) -> Path:
+                    tokenizer_config: Mapping[str, object] | None = None, prompt: str | None = None) -> Path:
     """Write config.json, tokenizer.json and model.onnx of the tiny model into ``directory``.
 
     ``labels`` defaults to MNLI's three; with one label the graph has one logit (3 - 6 * missing, or
-    ``single_logit_bias + single_logit_slope * missing``).
+    ``single_logit_bias + single_logit_slope * missing``). ``prompt`` goes into config.json as an
+    HHEM-2.1-style template (use it with ``token_types=False`` and a ``[SEP]`` between the two texts).
     """
     directory.mkdir(parents=True, exist_ok=True)
     labels = dict(NLI_LABELS if labels is None else labels)
@@ -178,6 +180,8 @@ def build_model_dir(directory: Path, *, labels: Mapping[int, str] | None = None,
         "max_position_embeddings": max_position_embeddings,
         "vocab_size": len(vocab),
     }
+    if prompt is not None:
+        config["prompt"] = prompt
     (directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
     if tokenizer_config is not None:
         (directory / "tokenizer_config.json").write_text(json.dumps(dict(tokenizer_config)), encoding="utf-8")

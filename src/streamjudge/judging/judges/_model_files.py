@@ -41,7 +41,9 @@ class ModelSpec:
 
     ``positive`` is the output column of the supporting label; ``mode`` says how its score is computed
     (``softmax`` over all columns, ``sigmoid`` of a single logit, or one minus it when the single label
-    names the hallucinated class). ``max_length`` is the pair's token window.
+    names the hallucinated class). ``max_length`` is the pair's token window. ``prompt`` is the template of
+    models that read one text rather than a pair (HHEM-2.1's ``config.json`` ``prompt``, with ``{text1}``
+    for the premise and ``{text2}`` for the hypothesis).
     """
 
     directory: Path
@@ -52,6 +54,7 @@ class ModelSpec:
     mode: ScoreMode
     max_length: int
     model_type: str
+    prompt: str | None = None
 
     @property
     def label(self) -> str:
@@ -81,6 +84,12 @@ def read_spec(directory: Path, *, max_length: int = 0) -> ModelSpec:
     positive, mode = _positive(labels, config, config_path)
     onnx_file = next((directory / c for c in ONNX_CANDIDATES if (directory / c).is_file()), None)
     model_type = str(config.get("model_type") or "")
+    prompt = config.get("prompt")
+    if prompt is not None and not (isinstance(prompt, str) and "{text1}" in prompt and "{text2}" in prompt):
+        raise ModelFileError(
+            f"{str(config_path)!r}: 'prompt' must be a template holding {{text1}} (the premise) and "
+            f"{{text2}} (the hypothesis), got {prompt!r}"
+        )
     return ModelSpec(
         directory=directory,
         tokenizer_file=tokenizer_file,
@@ -90,6 +99,7 @@ def read_spec(directory: Path, *, max_length: int = 0) -> ModelSpec:
         mode=mode,
         max_length=_max_length(directory, config, model_type, max_length),
         model_type=model_type,
+        prompt=prompt,
     )
 
 
@@ -133,7 +143,8 @@ def _positive(labels: tuple[str, ...], config: dict[str, Any], path: Path) -> tu
     raise ModelFileError(
         f"{str(path)!r}: none of the labels {list(labels)!r} means entailment (a name matching 'entail') "
         "or consistency ('consistent', 'supported', 'factual'); the model judge needs to know which output "
-        "says the context supports the claim. Fix id2label in config.json"
+        "says the context supports the claim. Name the labels in config.json's id2label (an HHEM-2.1 export: "
+        '{"0": "hallucinated", "1": "consistent"})'
     )
 
 

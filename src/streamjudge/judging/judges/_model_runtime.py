@@ -30,7 +30,7 @@ from streamjudge._fork import after_fork_in_child
 from streamjudge.judging.judges._model_files import ModelSpec
 
 _CONTEXT_CACHE = 256  # tokenised contexts kept (a stream's contexts are re-used at every checkpoint)
-_OVERLAP_DIV = 8  # consecutive context windows overlap by 1/8 of a window
+_OVERLAP_DIV = 8  # consecutive context windows overlap by 1/8 of a window, at least the claim's length
 
 
 class ModelRuntimeError(Exception):
@@ -291,10 +291,16 @@ class PairScorer:
         self._pair.enable_truncation(spec.max_length, strategy="longest_first")
         pad_id, pad_token = _pad(self._pair)
         self._pair.enable_padding(pad_id=pad_id, pad_token=pad_token)
-        self.specials = self._pair.num_special_tokens_to_add(True)
+        # a prompt-template model (HHEM-2.1) reads one text: the template with premise and hypothesis in it
+        self._prompt = spec.prompt
+        self.specials = self._pair.num_special_tokens_to_add(self._prompt is None)
+        if self._prompt is not None:
+            empty = _fill(self._prompt, "", "")
+            self.specials += len(self._raw.encode(empty, add_special_tokens=False).ids)
         if spec.max_length <= self.specials + 2:
             raise ModelRuntimeError(
-                f"a {spec.max_length}-token window leaves no room for a pair ({self.specials} special tokens)"
+                f"a {spec.max_length}-token window leaves no room for a pair ({self.specials} special and "
+                "prompt tokens)"
             )
         self._contexts: OrderedDict[str, list[tuple[int, int]]] = OrderedDict()
 
@@ -311,7 +317,7 @@ class PairScorer:
             width = budget - kept
             truncated = n_claim - kept
             for xi, (context, offs) in enumerate(zip(request.contexts, offsets, strict=True)):
-                for a, b in _windows(len(offs), width):
+                for a, b in _windows(len(offs), width, kept):
                     start, end = offs[a][0], offs[b - 1][1]
                     pairs.append(_Pair(request, ci, vi, context[start:end], hypothesis, xi, start, end,
                                        truncated))
@@ -324,7 +330,10 @@ class PairScorer:
     def score(self, pairs: Sequence[_Pair], deadline: float = math.inf) -> list[float]:
         """Scores of ``pairs`` (probability of the supporting label), one model run within ``deadline``."""
         np = self._np
-        encodings = self._pair.encode_batch([(p.premise, p.hypothesis) for p in pairs])
+        if self._prompt is None:
+            encodings = self._pair.encode_batch([(p.premise, p.hypothesis) for p in pairs])
+        else:
+            encodings = self._pair.encode_batch([_fill(self._prompt, p.premise, p.hypothesis) for p in pairs])
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
         types = np.array([e.type_ids for e in encodings], dtype=np.int64)
@@ -368,17 +377,24 @@ class PairScorer:
         return [o if o is not None else [] for o in out]
 
 
-def _windows(n: int, width: int) -> list[tuple[int, int]]:
-    """Token windows ``[a, b)`` of ``width`` covering ``n`` tokens, overlapping so that a fact cut at one
-    window's edge is whole in the next one."""
+def _windows(n: int, width: int, claim: int) -> list[tuple[int, int]]:
+    """Token windows ``[a, b)`` of ``width`` covering ``n`` tokens. Consecutive windows overlap by an eighth
+    of a window and at least by the claim's length (up to half a window), so a passage about as long as
+    the claim that one window's edge cuts is whole in the next one."""
     if n == 0:
         return []
     if n <= width:
         return [(0, n)]
-    step = max(1, width - width // _OVERLAP_DIV)
+    overlap = min(width // 2, max(width // _OVERLAP_DIV, claim))
+    step = max(1, width - overlap)
     out = [(a, a + width) for a in range(0, n - width, step)]
     out.append((n - width, n))
     return out
+
+
+def _fill(prompt: str, premise: str, hypothesis: str) -> str:
+    # not str.format: braces inside the texts or the template must stay as they are
+    return prompt.replace("{text1}", premise).replace("{text2}", hypothesis)
 
 
 def _pad(tokenizer: Any) -> tuple[int, str]:

@@ -19,7 +19,11 @@ How a score is made (faithfulness; context recall is the same over the reference
 * Each sentence is the hypothesis, each context the premise. A context longer than the model's window
   (the smallest of ``max_position_embeddings``, ``tokenizer_config.json``'s ``model_max_length`` and
   ``STREAMJUDGE_MODEL_MAX_LENGTH``) is cut into token windows that fit beside the sentence, overlapping by
-  an eighth; a sentence longer than half the window is cut to half of it, and the explanation says so.
+  an eighth of a window and at least by the sentence's length, so a supporting passage about as long as
+  the sentence is whole in some window; a sentence longer than half the window is cut to half of it, and
+  the explanation says so. Models that read one text (HHEM-2.1: a ``prompt`` template in ``config.json``
+  with ``{text1}`` for the premise and ``{text2}`` for the hypothesis) get the template filled in instead
+  of a pair, and the template's tokens are left room in every window.
 * A sentence's value is its best score over all windows of all contexts. A sentence that opens with a
   pronoun ("It opened in 1889.") is also scored with the sentence before it prepended (from the answer, or
   the last sentence of ``EvalInput.prefix`` at a checkpoint) and keeps the better of the two: the prefix
