@@ -10,7 +10,8 @@ against a different context, and reports:
   worker, ONNX Runtime's), i.e. claims/s per core;
 - p50/p99 latency of one batch (tokenising + model run, on the worker) and of one ``evaluate`` call
   (submit to scores, including the wait for a batch to fill);
-- the spread (min..max) over ``--repeats`` runs.
+- the spread (min..max) over ``--repeats`` runs, and claims per CPU-second against batch size 1 (the
+  baseline of the same run).
 
 It then measures what the judge takes from the application: a pure-Python thread (the app) counts loop
 turns for ``--app-seconds`` alone, then while another thread keeps the judge busy (32 concurrent
@@ -301,17 +302,19 @@ def print_report(report: dict[str, Any]) -> None:
           f"per run, {report['repeats']} runs per batch size (median, min..max), {report['threads']} "
           f"intra-op thread(s), max batch wait {report['max_batch_ms']:g} ms, {os.cpu_count()} CPUs")
     header = (f"{'batch':>5} {'claims/s':>22} {'claims/CPU-s':>22} {'batch p50 ms':>18} "
-              f"{'batch p99 ms':>18} {'eval p50 ms':>20} {'eval p99 ms':>20}")
+              f"{'batch p99 ms':>18} {'eval p50 ms':>20} {'eval p99 ms':>20} {'CPU-s vs 1':>10}")
     print(header)
     print("-" * len(header))
 
     def cell(d: dict[str, float], width: int, fmt: str = ".0f") -> str:
         return f"{format(d['median'], fmt)} ({format(d['min'], fmt)}..{format(d['max'], fmt)})".rjust(width)
 
+    base = next(iter(t.values()))["claims_per_cpu_s"]["median"]
     for b, s in t.items():
         print(f"{b:>5} {cell(s['claims_per_s'], 22)} {cell(s['claims_per_cpu_s'], 22)} "
               f"{cell(s['batch_p50_ms'], 18, '.2f')} {cell(s['batch_p99_ms'], 18, '.2f')} "
-              f"{cell(s['eval_p50_ms'], 20, '.1f')} {cell(s['eval_p99_ms'], 20, '.1f')}")
+              f"{cell(s['eval_p50_ms'], 20, '.1f')} {cell(s['eval_p99_ms'], 20, '.1f')} "
+              f"{s['claims_per_cpu_s']['median'] / base:>9.2f}x")
     idle = report["idle"]
     print(f"one evaluation at a time (idle runtime, no batch wait): p50 {cell(idle['p50_ms'], 0, '.3f')} ms, "
           f"p99 {cell(idle['p99_ms'], 0, '.3f')} ms")
