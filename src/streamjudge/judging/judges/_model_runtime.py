@@ -20,6 +20,7 @@ import contextlib
 import math
 import threading
 import time
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
@@ -29,7 +30,9 @@ from typing import Any, Protocol
 from streamjudge._fork import after_fork_in_child
 from streamjudge.judging.judges._model_files import ModelSpec
 
-_CONTEXT_CACHE = 256  # tokenised contexts kept (a stream's contexts are re-used at every checkpoint)
+# tokenised contexts are kept (a stream's contexts come back at every checkpoint) up to this many tokens
+# in all, as flat int32 char offsets: 8 bytes a token
+_CONTEXT_CACHE_TOKENS = 2_000_000
 _OVERLAP_DIV = 8  # consecutive context windows overlap by 1/8 of a window, at least the claim's length
 
 
@@ -302,7 +305,8 @@ class PairScorer:
                 f"a {spec.max_length}-token window leaves no room for a pair ({self.specials} special and "
                 "prompt tokens)"
             )
-        self._contexts: OrderedDict[str, list[tuple[int, int]]] = OrderedDict()
+        self._contexts: OrderedDict[str, array[int]] = OrderedDict()
+        self._cached_tokens = 0
 
     def expand(self, request: ClaimRequest) -> list[_Pair]:
         """The pairs of ``request``: every claim variant against every window of every context."""
@@ -317,8 +321,8 @@ class PairScorer:
             width = budget - kept
             truncated = n_claim - kept
             for xi, (context, offs) in enumerate(zip(request.contexts, offsets, strict=True)):
-                for a, b in _windows(len(offs), width, kept):
-                    start, end = offs[a][0], offs[b - 1][1]
+                for a, b in _windows(len(offs) // 2, width, kept):
+                    start, end = offs[2 * a], offs[2 * b - 1]
                     pairs.append(_Pair(request, ci, vi, context[start:end], hypothesis, xi, start, end,
                                        truncated))
         return pairs
@@ -356,8 +360,9 @@ class PairScorer:
                 probs = 1.0 - probs
         return [min(1.0, max(0.0, float(p))) for p in probs]
 
-    def _context_offsets(self, contexts: tuple[str, ...]) -> list[list[tuple[int, int]]]:
-        out: list[list[tuple[int, int]] | None] = []
+    def _context_offsets(self, contexts: tuple[str, ...]) -> list[array[int]]:
+        """Each context's token char offsets, flat: ``[start0, end0, start1, end1, ...]``."""
+        out: list[array[int] | None] = []
         todo: list[int] = []
         for i, c in enumerate(contexts):
             hit = self._contexts.get(c)
@@ -369,12 +374,14 @@ class PairScorer:
         if todo:
             encoded = self._raw.encode_batch([contexts[i] for i in todo], add_special_tokens=False)
             for i, enc in zip(todo, encoded, strict=True):
-                offs = [o for o in enc.offsets if o[1] > o[0]]
+                offs = array("i", [x for o in enc.offsets if o[1] > o[0] for x in o])
                 out[i] = offs
                 self._contexts[contexts[i]] = offs
-                if len(self._contexts) > _CONTEXT_CACHE:
-                    self._contexts.popitem(last=False)
-        return [o if o is not None else [] for o in out]
+                self._cached_tokens += len(offs) // 2
+            while self._cached_tokens > _CONTEXT_CACHE_TOKENS and len(self._contexts) > 1:
+                _, dropped = self._contexts.popitem(last=False)
+                self._cached_tokens -= len(dropped) // 2
+        return [o if o is not None else array("i") for o in out]
 
 
 def _windows(n: int, width: int, claim: int) -> list[tuple[int, int]]:
