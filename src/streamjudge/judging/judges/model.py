@@ -41,7 +41,9 @@ Off the application's loop and GIL: claims go to one worker thread per model (sh
 every stream) through a bounded queue; it tokenises in Rust, batches pairs across concurrent ``evaluate``
 calls (up to ``STREAMJUDGE_MODEL_BATCH_SIZE`` pairs, waiting at most ``STREAMJUDGE_MODEL_MAX_BATCH_MS``
 for a batch to fill) and runs ONNX Runtime, which releases the GIL while it computes, with
-``STREAMJUDGE_MODEL_THREADS`` intra-op threads. A full queue gives ``Score(skipped="model_queue_full")``;
+``STREAMJUDGE_MODEL_THREADS`` intra-op threads. The judge pool keeps at most ``STREAMJUDGE_CONCURRENCY``
+evaluations in flight, so that many can share a batch (each brings its sentences x context windows). A
+full queue gives ``Score(skipped="model_queue_full")``;
 claims not reached within the pool's per-call timeout (``STREAMJUDGE_JUDGE_TIMEOUT``) give
 ``skipped="model_timeout"`` and are dropped before they run; a batch still running once the deadline of
 every claim in it has passed is stopped between graph nodes (ONNX Runtime's ``RunOptions.terminate``) and
