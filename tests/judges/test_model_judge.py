@@ -204,6 +204,16 @@ def test_max_length_setting_caps_the_window_and_tokenizer_config_is_read(tmp_pat
     assert make_judge(path2, model_max_length=4096).runtime.spec.max_length == 64
 
 
+def test_a_graph_with_a_static_sequence_length_gets_inputs_padded_to_it(tmp_path: Path) -> None:
+    path = build_model_dir(tmp_path / "static", static_sequence=20)  # config says 128, the graph 20
+    judge = make_judge(path)
+    filler = " ".join(["Bananas are yellow fruit grown in the tropics."] * 3)
+    score = faith(judge, f"{GROUNDED} {FABRICATED}", (f"{filler} Paris is the capital of France.",))
+    assert judge.runtime.max_length == 20
+    assert [s.value > 0.5 for s in score.sentences] == [True, False]
+    assert judge.runtime.stats.pairs > 2  # the context was windowed to the graph's 20 tokens
+
+
 def test_roberta_style_graph_without_token_type_ids(tmp_path: Path) -> None:
     path = build_model_dir(tmp_path / "rob", token_types=False)
     score = faith(make_judge(path), f"{GROUNDED} {FABRICATED}")

@@ -68,8 +68,11 @@ def build_tokenizer(vocab: Mapping[str, int]) -> Tokenizer:
 
 
 def build_graph(vocab: Mapping[str, int], *, n_outputs: int = 3, token_types: bool = True,
-                slope: Sequence[float] = _SLOPE, bias: Sequence[float] = _BIAS) -> onnx.ModelProto:
-    """The ONNX graph described in the module docstring; ``n_outputs`` logits per pair."""
+                slope: Sequence[float] = _SLOPE, bias: Sequence[float] = _BIAS,
+                sequence: int | None = None) -> onnx.ModelProto:
+    """The ONNX graph described in the module docstring; ``n_outputs`` logits per pair. ``sequence``
+    fixes the inputs' sequence length (a static-shape export); ``None`` leaves it dynamic."""
+    seq: str | int = "sequence" if sequence is None else sequence
     v = len(vocab)
     r = v  # one extra dimension: "an unresolved pronoun"
     dim = v + 1
@@ -141,11 +144,11 @@ def build_graph(vocab: Mapping[str, int], *, n_outputs: int = 3, token_types: bo
         helper.make_node("Add", ["scaled", "bias"], ["logits"]),
     ]
     inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
-        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"]),
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", seq]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", seq]),
     ]
     if token_types:
-        inputs.append(helper.make_tensor_value_info("token_type_ids", TensorProto.INT64, ["batch", "sequence"]))
+        inputs.append(helper.make_tensor_value_info("token_type_ids", TensorProto.INT64, ["batch", seq]))
     graph = helper.make_graph(
         nodes, "tiny_nli", inputs,
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", n_outputs])],
@@ -161,7 +164,8 @@ def build_model_dir(directory: Path, *, labels: Mapping[int, str] | None = None,
                     max_position_embeddings: int = 128, token_types: bool = True,
                     model_type: str = "bert", onnx_file: bool = True, extra_words: Iterable[str] = (),
                     single_logit_slope: float = -6.0, single_logit_bias: float = 3.0,
-                    tokenizer_config: Mapping[str, object] | None = None, prompt: str | None = None) -> Path:
+                    tokenizer_config: Mapping[str, object] | None = None, prompt: str | None = None,
+                    static_sequence: int | None = None) -> Path:
     """Write config.json, tokenizer.json and model.onnx of the tiny model into ``directory``.
 
     ``labels`` defaults to MNLI's three; with one label the graph has one logit (3 - 6 * missing, or
@@ -188,7 +192,7 @@ def build_model_dir(directory: Path, *, labels: Mapping[int, str] | None = None,
     if onnx_file:
         if len(labels) == 1:
             graph = build_graph(vocab, n_outputs=1, token_types=token_types,
-                                slope=(single_logit_slope,), bias=(single_logit_bias,))
+                                slope=(single_logit_slope,), bias=(single_logit_bias,), sequence=static_sequence)
         else:
             n = len(labels)
             entail = next((i for i, name in labels.items() if name == "entailment"), n - 1)
@@ -197,7 +201,8 @@ def build_model_dir(directory: Path, *, labels: Mapping[int, str] | None = None,
             slope[entail], bias[entail] = _SLOPE[2], _BIAS[2]
             if n > 2:
                 bias[0 if entail else 1] = _BIAS[0]
-            graph = build_graph(vocab, n_outputs=n, token_types=token_types, slope=slope, bias=bias)
+            graph = build_graph(vocab, n_outputs=n, token_types=token_types, slope=slope, bias=bias,
+                                sequence=static_sequence)
         onnx.save(graph, str(directory / "model.onnx"))
     return directory
 

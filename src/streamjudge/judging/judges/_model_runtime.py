@@ -113,6 +113,9 @@ class Backend(Protocol):
     raises :class:`DeadlineError` once it passes; one that cannot may ignore it.
     """
 
+    #: the sequence length the model was exported with, when it is fixed (``None``: any length)
+    fixed_length: int | None
+
     def run(self, input_ids: Any, attention_mask: Any, token_type_ids: Any, deadline: float) -> Any: ...
 
     def close(self) -> None: ...
@@ -201,6 +204,10 @@ class OnnxBackend:
                 )
         outputs = [o.name for o in self._session.get_outputs()]
         self._output = "logits" if "logits" in outputs else outputs[0]
+        # a graph exported with a static sequence length takes inputs padded to exactly that length
+        dims = [i.shape[1] for i in self._session.get_inputs() if len(i.shape) == 2]
+        fixed = {d for d in dims if isinstance(d, int) and d > 0}
+        self.fixed_length: int | None = min(fixed) if fixed else None
 
     def run(self, input_ids: Any, attention_mask: Any, token_type_ids: Any, deadline: float) -> Any:
         feed = {"input_ids": input_ids, "attention_mask": attention_mask}
@@ -246,6 +253,7 @@ class TorchBackend:
         except Exception as exc:
             raise ModelRuntimeError(f"transformers cannot load {str(spec.directory)!r}: {exc}") from None
         self._model = model.to(self._device).eval()
+        self.fixed_length: int | None = None
         type_vocab = getattr(model.config, "type_vocab_size", 0) or 0
         self._types = type_vocab > 1
 
@@ -290,19 +298,22 @@ class PairScorer:
         self._raw = Tokenizer.from_str(text)
         self._raw.no_truncation()
         self._raw.no_padding()
+        fixed = backend.fixed_length
+        #: the pair's token window: the model's, or less when the graph's inputs have a fixed length
+        self.max_length = min(spec.max_length, fixed) if fixed else spec.max_length
         self._pair = Tokenizer.from_str(text)
-        self._pair.enable_truncation(spec.max_length, strategy="longest_first")
+        self._pair.enable_truncation(self.max_length, strategy="longest_first")
         pad_id, pad_token = _pad(self._pair)
-        self._pair.enable_padding(pad_id=pad_id, pad_token=pad_token)
+        self._pair.enable_padding(pad_id=pad_id, pad_token=pad_token, length=fixed)
         # a prompt-template model (HHEM-2.1) reads one text: the template with premise and hypothesis in it
         self._prompt = spec.prompt
         self.specials = self._pair.num_special_tokens_to_add(self._prompt is None)
         if self._prompt is not None:
             empty = _fill(self._prompt, "", "")
             self.specials += len(self._raw.encode(empty, add_special_tokens=False).ids)
-        if spec.max_length <= self.specials + 2:
+        if self.max_length <= self.specials + 2:
             raise ModelRuntimeError(
-                f"a {spec.max_length}-token window leaves no room for a pair ({self.specials} special and "
+                f"a {self.max_length}-token window leaves no room for a pair ({self.specials} special and "
                 "prompt tokens)"
             )
         self._contexts: OrderedDict[str, array[int]] = OrderedDict()
@@ -314,7 +325,7 @@ class PairScorer:
         lengths = [len(e.ids) for e in self._raw.encode_batch([h for _, _, h in variants],
                                                                 add_special_tokens=False)]
         offsets = self._context_offsets(request.contexts)
-        budget = self.spec.max_length - self.specials
+        budget = self.max_length - self.specials
         pairs: list[_Pair] = []
         for (ci, vi, hypothesis), n_claim in zip(variants, lengths, strict=True):
             kept = min(n_claim, budget // 2)
@@ -483,6 +494,12 @@ class ModelRuntime:
             with self._cond:
                 self._sweep = True
                 self._cond.notify()
+
+    @property
+    def max_length(self) -> int:
+        """The pair's token window (known for sure once the model is loaded: a static graph may cut it)."""
+        scorer = self._scorer
+        return scorer.max_length if scorer is not None else self.spec.max_length
 
     @property
     def pending_claims(self) -> int:

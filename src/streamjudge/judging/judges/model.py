@@ -234,7 +234,7 @@ class ModelJudge:
                 unsupported.append(f"\"{_quote(claim.sentence.text)}\" ({reason})")
             if res.truncated:
                 reason += (f"; sentence cut by {res.truncated} tokens to fit the "
-                           f"{spec.max_length}-token window")
+                           f"{self.runtime.max_length}-token window")
             sentences.append(SentenceScore(claim.sentence.start, claim.sentence.end, res.score, reason))
         value = supported / len(claims)
         expl = f"{supported}/{len(claims)} {what} supported ({label} >= {DECISION_THRESHOLD:g})"
@@ -243,7 +243,7 @@ class ModelJudge:
             expl += "; unsupported: " + "; ".join(unsupported[:_MAX_LISTED])
             expl += f"; and {more} more" if more > 0 else ""
         if truncated:
-            expl += f"; {truncated} {what} cut to fit the model's {spec.max_length}-token window"
+            expl += f"; {truncated} {what} cut to fit the model's {self.runtime.max_length}-token window"
         return Score(name, value, explanation=expl, sentences=tuple(sentences) if with_sentences else ())
 
 
