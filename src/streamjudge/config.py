@@ -134,6 +134,16 @@ class Settings:
     # judge LLMs (final pass, and a cheaper one for checkpoints that falls back to it)
     eval_llm: JudgeLLMSettings = field(default_factory=JudgeLLMSettings)
     checkpoint_llm: JudgeLLMSettings = field(default_factory=JudgeLLMSettings)
+    # the ``model`` judge (a local NLI / hallucination-detector classifier): a model directory or hub id,
+    # ``onnx`` / ``torch`` / ``auto``, pairs per inference batch, how long a batch waits to fill (ms), ONNX
+    # Runtime intra-op threads, the model's input window in tokens (0 = from its config), pending claims
+    model_path: str | None = None
+    model_backend: str = "auto"
+    model_batch_size: int = 16
+    model_max_batch_ms: float = 5.0
+    model_threads: int = 1
+    model_max_length: int = 0
+    model_queue_size: int = 1024
 
     def __post_init__(self) -> None:
         if self.action not in _ACTIONS:
@@ -295,6 +305,13 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "answer_nodes": ("ANSWER_NODES", "csv"),
     "sse_token_field": ("SSE_TOKEN_FIELD", None),
     "terminal_frames": ("TERMINAL_FRAMES", _terminal_frames),
+    "model_path": ("MODEL_PATH", None),
+    "model_backend": ("MODEL_BACKEND", None),
+    "model_batch_size": ("MODEL_BATCH_SIZE", _int),
+    "model_max_batch_ms": ("MODEL_MAX_BATCH_MS", _float),
+    "model_threads": ("MODEL_THREADS", _int),
+    "model_max_length": ("MODEL_MAX_LENGTH", _int),
+    "model_queue_size": ("MODEL_QUEUE_SIZE", _int),
 }
 
 
