@@ -237,7 +237,9 @@ def _int(var: str, raw: str) -> int:
         raise ConfigError(f"{var}={raw!r}: expected an integer") from None
 
 
-def _judge(var: str, raw: str) -> str:
+def parse_judge_name(var: str, raw: str) -> str:
+    """A judge name as written in ``var`` (a variable or an option): a built-in one in any case, or
+    ``package.module:ClassName``. Raises :class:`ConfigError` naming ``var`` and the accepted names."""
     name = raw.strip()
     if name.lower() in JUDGE_NAMES:
         return name.lower()
@@ -301,8 +303,8 @@ def _terminal_frames(var: str, raw: str) -> tuple[str, ...]:
 
 # field name -> (env suffix, parser)
 _ENV_FIELDS: dict[str, tuple[str, Any]] = {
-    "judge": ("JUDGE", _judge),
-    "checkpoint_judge": ("CHECKPOINT_JUDGE", _judge),
+    "judge": ("JUDGE", parse_judge_name),
+    "checkpoint_judge": ("CHECKPOINT_JUDGE", parse_judge_name),
     "threshold": ("THRESHOLD", _float),
     "thresholds": ("THRESHOLDS", _thresholds),
     "action": ("ACTION", None),
