@@ -137,3 +137,9 @@ def test_the_warning_reaches_stderr_without_any_logging_setup() -> None:
     code = "import streamjudge.config as c; c.load_settings({'STREAMJUDGE_TRESHOLD': '0.5'})"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert "STREAMJUDGE_TRESHOLD is ignored (did you mean 'STREAMJUDGE_THRESHOLD'?)" in p.stderr
+
+
+def test_the_judge_names_accepted_are_the_built_in_judges() -> None:
+    from streamjudge.judging import judges
+
+    assert set(config.JUDGE_NAMES) == set(judges._BUILTIN)
