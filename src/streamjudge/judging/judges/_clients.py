@@ -234,8 +234,10 @@ def parse_json_object(text: str | None) -> dict[str, Any]:
     """Parse a model's JSON answer, repairing the usual damage.
 
     Strips code fences and prose around the object, takes the first JSON object, and removes trailing
-    commas. Raises :class:`JudgeError` with a truncated excerpt of the raw answer when nothing usable
-    remains.
+    commas. What that cannot mend (single quotes, unquoted keys, missing commas, comments, Python
+    literals, a cut-off answer) goes through ``json-repair`` when it is installed (it comes with the
+    ``llm`` extra). Raises :class:`JudgeError` with a truncated excerpt of the raw answer when nothing
+    usable remains.
     """
     if not text or not text.strip():
         raise JudgeError("judge LLM returned an empty answer")
@@ -250,11 +252,32 @@ def parse_json_object(text: str | None) -> dict[str, Any]:
         for attempt in (cand, _TRAILING_COMMA.sub(r"\1", cand)):
             try:
                 value = json.loads(attempt)
-            except ValueError:
+            except (ValueError, RecursionError):  # json.loads recurses on deep nesting
                 continue
             if isinstance(value, dict):
                 return value
+    repaired = _repair(fenced.group(1) if fenced else text)
+    if repaired is not None:
+        return repaired
     raise JudgeError(f"judge LLM answer is not a JSON object: {_excerpt(text)!r}")
+
+
+def _repair(text: str) -> dict[str, Any] | None:
+    """The first object in ``text`` as ``json-repair`` mends it; None without the package or an object."""
+    start = text.find("{")
+    if start == -1:
+        return None
+    try:
+        import json_repair
+    except ImportError:
+        return None
+    try:
+        value = json_repair.loads(text[start:])
+    except (ValueError, RecursionError, TypeError, IndexError):
+        return None
+    if isinstance(value, list):  # prose after the object can make it a list of the pieces found
+        value = next((v for v in value if isinstance(v, dict)), None)
+    return value if isinstance(value, dict) and value else None
 
 
 # --- clients -----------------------------------------------------------------------------------------
