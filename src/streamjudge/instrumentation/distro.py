@@ -15,6 +15,7 @@ from typing import Any
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 
+from streamjudge._shutdown import install_signal_drain
 from streamjudge.instrumentation._setup import apply_env_defaults, configure_from_env, sdk_provider
 from streamjudge.runtime import configure, current_runtime
 
@@ -54,5 +55,6 @@ class StreamJudgeConfigurator(_OTelSDKConfigurator):
         existing = sdk_provider()
         if existing is not None:
             configure(tracer_provider=existing)
+            install_signal_drain()  # before the app starts its server, which installs handlers of its own
             return
         configure_from_env(**kwargs)
