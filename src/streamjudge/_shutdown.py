@@ -59,11 +59,12 @@ class _SignalDrain:
     process."""
 
     def __init__(self, signum: int, previous: Handler, runtime: Callable[[], Runtime | None],
-                 timeout_s: float | None) -> None:
+                 timeout_s: float | None, global_providers: bool = True) -> None:
         self.signum = signum
         self.previous = previous
         self._runtime = runtime
         self._timeout_s = timeout_s
+        self._global_providers = global_providers
         self._draining = False
         self.drained: bool | None = None  # the outcome of the last drain (for tests and logs)
 
@@ -89,7 +90,7 @@ class _SignalDrain:
         self._draining = True
         try:
             timeout = self._timeout_s if self._timeout_s is not None else shutdown_timeout_s()
-            self.drained = drain(self._runtime(), timeout)
+            self.drained = drain(self._runtime(), timeout, global_providers=self._global_providers)
         except Exception:  # a failed drain must not keep the process from ending
             _log.exception("streamjudge: draining on signal %d failed", self.signum)
 
@@ -107,9 +108,9 @@ class _SignalDrain:
         return f"<streamjudge signal drain for {signal.Signals(self.signum).name}, then {self.previous!r}>"
 
 
-def drain(runtime: Runtime | None, timeout_s: float | None = None) -> bool:
-    """Shut ``runtime`` (and the global tracer, meter and logger providers) down within ``timeout_s``
-    (default ``STREAMJUDGE_SHUTDOWN_TIMEOUT``); True when everything finished in time.
+def drain(runtime: Runtime | None, timeout_s: float | None = None, *, global_providers: bool = True) -> bool:
+    """Shut ``runtime`` (and, with ``global_providers``, the global tracer, meter and logger providers)
+    down within ``timeout_s`` (default ``STREAMJUDGE_SHUTDOWN_TIMEOUT``); True when all finished in time.
 
     Safe to call from a signal handler: the work runs on a helper thread, waited for no longer than the
     deadline (plus a little slack for an export call to return).
@@ -121,7 +122,10 @@ def drain(runtime: Runtime | None, timeout_s: float | None = None) -> bool:
 
         def run() -> None:
             try:
-                _shutdown_all(runtime, deadline)
+                if runtime is not None:
+                    shutdown_runtime(runtime, deadline)
+                if global_providers:
+                    _shutdown_global_providers(deadline)
             except Exception:
                 _log.exception("streamjudge: shutdown within the deadline failed")
             finally:
@@ -136,12 +140,6 @@ def drain(runtime: Runtime | None, timeout_s: float | None = None) -> bool:
     else:
         _log.warning("streamjudge: shutdown deadline (%.1fs) passed; what was not exported is lost", timeout)
     return finished
-
-
-def _shutdown_all(runtime: Runtime | None, deadline: Deadline) -> None:
-    if runtime is not None:
-        shutdown_runtime(runtime, deadline)
-    _shutdown_global_providers(deadline)
 
 
 def shutdown_runtime(runtime: Runtime, deadline: Deadline) -> None:
@@ -222,11 +220,14 @@ def install_signal_drain(
     *,
     signals: Iterable[int] = (signal.SIGTERM,),
     timeout_s: float | None = None,
+    global_providers: bool = True,
 ) -> bool:
     """Drain ``runtime`` (default: the process's current runtime at signal time) when one of ``signals``
     is about to end the process. Idempotent; False (and nothing installed) off the main thread.
 
     ``timeout_s`` defaults to ``STREAMJUDGE_SHUTDOWN_TIMEOUT`` read when the signal arrives.
+    ``global_providers``: also shut the global tracer/meter/logger providers down, as the SDK's atexit
+    handlers would have.
     """
     if threading.current_thread() is not threading.main_thread():
         _log.debug("streamjudge: signal drain not installed (not on the main thread)")
@@ -236,13 +237,13 @@ def install_signal_drain(
         for signum in signals:
             d = _drains.get(signum)
             if d is not None:
-                d._runtime, d._timeout_s = get_runtime, timeout_s
+                d._runtime, d._timeout_s, d._global_providers = get_runtime, timeout_s, global_providers
                 if not _same(_original_getsignal(signum), d):  # someone bypassed the wrapper
                     d.previous = _original_getsignal(signum)
                     _original_signal(signum, d)
                 continue
             previous = _original_getsignal(signum)
-            d = _SignalDrain(signum, previous, get_runtime, timeout_s)
+            d = _SignalDrain(signum, previous, get_runtime, timeout_s, global_providers)
             _original_signal(signum, d)
             _drains[signum] = d
         signal.signal = _signal  # type: ignore[assignment]
