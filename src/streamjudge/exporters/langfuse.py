@@ -67,6 +67,7 @@ from streamjudge.exporters._bridge import (
     result_name,
 )
 from streamjudge.exporters._content import capture_content_from_env, scrub_explanation
+from streamjudge.exporters._counting import CountingSpanExporter, counting
 from streamjudge.exporters.base import EvaluationRecord, find_span_processors
 from streamjudge.judging.base import Score
 
@@ -263,9 +264,12 @@ class LangfuseSpanExporter(SpanExporter):
                 mapped.append(span)
         return self._exporter.export(mapped)
 
-    def shutdown(self) -> None:
-        """Shut the wrapped exporter down."""
-        self._exporter.shutdown()
+    def shutdown(self, timeout_millis: float | None = None) -> None:  # type: ignore[override]
+        """Shut the wrapped exporter down (within ``timeout_millis`` when it takes one)."""
+        if timeout_millis is not None and isinstance(self._exporter, CountingSpanExporter):
+            self._exporter.shutdown(timeout_millis)
+        else:
+            self._exporter.shutdown()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Flush the wrapped exporter."""
@@ -283,7 +287,8 @@ def langfuse_exporter_from_env(
 ) -> SpanExporter | None:
     """An OTLP/HTTP exporter to Langfuse with the attribute mapping, or ``None`` when the keys are not set.
 
-    Put it behind a ``BatchSpanProcessor`` like any exporter.
+    Put it behind a ``BatchSpanProcessor`` like any exporter. Failed exports are counted
+    (``streamjudge.export.failures{exporter="langfuse"}``).
     """
     env = os.environ if env is None else env
     keys = _keys(env)
@@ -298,7 +303,7 @@ def langfuse_exporter_from_env(
     inner = OTLPSpanExporter(
         endpoint=langfuse_host(env) + OTLP_TRACES_PATH, headers=headers, timeout=timeout_s
     )
-    return LangfuseSpanExporter(inner, trace_name=trace_name)
+    return LangfuseSpanExporter(counting(inner, "langfuse"), trace_name=trace_name)
 
 
 # --- scores --------------------------------------------------------------------------------------------

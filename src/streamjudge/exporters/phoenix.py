@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from streamjudge.exporters._bridge import BridgeSink, HttpBridge, JsonRequest, Secret, result_name
 from streamjudge.exporters._content import capture_content_from_env, scrub_explanation
+from streamjudge.exporters._counting import counting
 from streamjudge.exporters.base import EvaluationRecord, find_span_processors
 from streamjudge.judging.base import Score
 
@@ -54,15 +55,17 @@ def phoenix_exporter_from_env(
     env: Mapping[str, str] | None = None, *, require_env: bool = True, timeout_s: float | None = None
 ) -> SpanExporter | None:
     """An OTLP/HTTP span exporter to Phoenix, or ``None`` when ``PHOENIX_COLLECTOR_ENDPOINT`` is unset
-    (and ``require_env``)."""
+    (and ``require_env``). Failed exports are counted in
+    ``streamjudge.export.failures{exporter="phoenix"}``."""
     env = os.environ if env is None else env
     if require_env and not env.get(ENV_ENDPOINT):
         return None
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter(
+    exporter = OTLPSpanExporter(
         endpoint=phoenix_endpoint(env) + OTLP_TRACES_PATH, headers=_auth(env), timeout=timeout_s
     )
+    return counting(exporter, "phoenix")
 
 
 def phoenix_otel_processors(processor: object) -> list[SpanProcessor]:
