@@ -21,6 +21,7 @@ from streamjudge._deadline import (
     Deadline,
     bounded_millis,
     current_deadline,
+    pool_budget_millis,
     shutdown_deadline,
     shutdown_timeout_s,
 )
@@ -163,6 +164,10 @@ def test_the_deadline_bounds_waits_on_every_thread_and_nests_to_the_earliest() -
     part = d.part(0.7, keep_s=1.0)
     assert 0.9 < part.remaining() <= 1.0  # 70% would be 1.4 s, but 1 s is kept for the export
     assert Deadline(None).remaining_millis() == 86_400_000
+    assert pool_budget_millis(7_000) == 7_000  # no deadline open: the processor's own wait
+    with shutdown_deadline(5.0):
+        assert 3_400 < pool_budget_millis(7_000) <= 3_500  # 70% of 5 s
+        assert pool_budget_millis(1_000) == 1_000
 
 
 def test_shutdown_timeout_from_the_environment() -> None:

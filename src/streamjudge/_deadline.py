@@ -22,6 +22,10 @@ from collections.abc import Iterator, Mapping
 #: seconds a shutdown may take in all (judge pool, held spans, sinks, exporters)
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 ENV_SHUTDOWN_TIMEOUT = "STREAMJUDGE_SHUTDOWN_TIMEOUT"
+#: share of a shutdown deadline the judge pool may use to finish judgements in flight
+POOL_SHARE = 0.7
+#: time kept after the judge pool's drain to export what it judged, at least
+EXPORT_RESERVE_S = 1.0
 
 
 class Deadline:
@@ -95,6 +99,15 @@ def bounded_millis(timeout_millis: float | None, default_millis: float | None = 
     if deadline is None:
         return None if own is None else int(max(0.0, own))
     return deadline.cap_millis(own)
+
+
+def pool_budget_millis(default_millis: float) -> int:
+    """How long the judge pool may drain: ``default_millis``, cut to :data:`POOL_SHARE` of the open
+    shutdown deadline while keeping :data:`EXPORT_RESERVE_S` for the export after it."""
+    deadline = current_deadline()
+    if deadline is None:
+        return int(max(0.0, default_millis))
+    return deadline.part(POOL_SHARE, keep_s=EXPORT_RESERVE_S).cap_millis(default_millis)
 
 
 @contextlib.contextmanager

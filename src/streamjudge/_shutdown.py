@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from streamjudge._deadline import Deadline, shutdown_deadline, shutdown_timeout_s
+from streamjudge._deadline import Deadline, pool_budget_millis, shutdown_deadline, shutdown_timeout_s
 
 if TYPE_CHECKING:
     from streamjudge.runtime import Runtime
@@ -41,10 +41,6 @@ _log = logging.getLogger(__name__)
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
-#: share of the deadline the judge pool may use; the rest exports what it judged
-POOL_SHARE = 0.7
-#: time kept for the export after the judge pool's drain, at least
-EXPORT_RESERVE_S = 1.0
 #: how long past the deadline the handler waits for the drain thread (its last export call returning)
 _JOIN_SLACK_S = 0.5
 
@@ -146,8 +142,8 @@ def shutdown_runtime(runtime: Runtime, deadline: Deadline) -> None:
     """``runtime.shutdown`` within ``deadline``.
 
     A runtime whose ``shutdown`` takes ``timeout_millis`` is given what is left of the deadline; an older
-    one gets its judge pool drained first within :data:`POOL_SHARE` of it (keeping
-    :data:`EXPORT_RESERVE_S` for the export), so that the processor's own, longer wait for the pool
+    one gets its judge pool drained first within :func:`~streamjudge._deadline.pool_budget_millis` (70%
+    of the deadline, keeping 1 s for the export), so that the processor's own, longer wait for the pool
     returns at once and the spans it held go out marked ``shutdown``.
     """
     try:
@@ -159,7 +155,7 @@ def shutdown_runtime(runtime: Runtime, deadline: Deadline) -> None:
         return
     pool = getattr(runtime, "pool", None)
     if pool is not None:
-        pool.shutdown(deadline.part(POOL_SHARE, keep_s=EXPORT_RESERVE_S).remaining_millis())
+        pool.shutdown(pool_budget_millis(deadline.remaining_millis()))
     runtime.shutdown()
 
 

@@ -129,3 +129,29 @@ def test_flush_without_a_deadline_still_waits_for_slow_deliveries() -> None:
         assert [s.path for s in srv.seen] == [INGESTION_PATH]
     assert sink.stats.sent_items == 1
 
+
+
+def test_draining_a_runtime_is_bounded_by_the_deadline_against_an_unresponsive_langfuse() -> None:
+    """The whole runtime, as the SIGTERM drain shuts it down: 14.9 s against an unresponsive Langfuse
+    before (the bridge's own 5 s + 1 s, then each exporter's timeouts)."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import streamjudge
+    from streamjudge._shutdown import drain
+    from streamjudge.config import Settings
+
+    never = threading.Event()
+    with serve(always(Reply(200, hang=never))) as srv:
+        sink = sink_for(srv.url, request_timeout_s=30.0)
+        rt = streamjudge.configure(
+            Settings(), exporter=InMemorySpanExporter(), sinks=[sink], backends_from_env=False, set_global=False
+        )
+        for i in range(3):
+            sink.emit(record(i))
+        srv.wait_for(1)
+        t0 = time.monotonic()
+        finished = drain(rt, 1.0, global_providers=False)
+        took = time.monotonic() - t0
+        never.set()
+    assert finished and took < 2.0, (finished, took)
+    assert sink.stats.dropped == {"shutdown": 3}
