@@ -40,7 +40,7 @@ def runtime() -> Iterator[Runtime]:
 def installed(runtime: Runtime) -> Iterator[Runtime]:
     before = signal.getsignal(signal.SIGTERM)
     # the global providers belong to the test session: only this test's runtime is drained
-    assert _shutdown.install_signal_drain(runtime, timeout_s=1.0, global_providers=False)
+    assert _shutdown.install_signal_drain(runtime, timeout_s=1.0, global_providers=False, at_exit=False)
     try:
         yield runtime
     finally:
@@ -148,6 +148,57 @@ def test_a_plain_script_killed_by_sigterm_drains_then_dies_by_the_signal() -> No
     assert proc.stdout.split("\n")[:2] == ["streamed", "exported shutdown"], (proc.stdout, proc.stderr)
     assert "not reached" not in proc.stdout
     assert took < 15, took
+
+
+def test_a_second_sigterm_during_the_drain_ends_the_process_at_once() -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio, sys, time
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        import streamjudge
+        from streamjudge._shutdown import install_signal_drain
+        from streamjudge.config import Settings
+        from streamjudge.judging.judges import create_judge
+
+        class Slow:
+            name = "slow"
+            async def evaluate(self, item, metrics):
+                await asyncio.sleep(60)
+            async def aclose(self):
+                pass
+
+        streamjudge.configure(Settings(end_wait_s=0.1), exporter=InMemorySpanExporter(), judge=Slow(),
+                              checkpoint_judge=create_judge("local", Settings(), tier="checkpoint"))
+        install_signal_drain(timeout_s=30)
+
+        async def tokens():
+            for w in "The tower is 330 metres tall.".split():
+                yield w + " "
+
+        async def main():
+            async for _ in streamjudge.guard(tokens(), question="How tall?", contexts=["It is 330 m."]):
+                pass
+        asyncio.run(main())
+        print("ready", flush=True)
+        time.sleep(60)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)  # starts a drain that may take 30 s (the judge takes 60)
+        time.sleep(0.5)
+        assert proc.poll() is None  # still draining
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM
+    assert took < 5.0, took
 
 
 def test_the_deadline_bounds_waits_on_every_thread_and_nests_to_the_earliest() -> None:
