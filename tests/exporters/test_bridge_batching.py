@@ -155,3 +155,23 @@ def test_draining_a_runtime_is_bounded_by_the_deadline_against_an_unresponsive_l
         never.set()
     assert finished and took < 2.0, (finished, took)
     assert sink.stats.dropped == {"shutdown": 3}
+
+
+def test_a_slow_request_holds_back_neither_later_records_nor_a_truthful_flush() -> None:
+    release = threading.Event()
+
+    def script(_seen: Seen, i: int) -> Reply:
+        return Reply(200, hang=release if i == 0 else None)
+
+    with serve(script) as srv:
+        sink = sink_for(srv.url, request_timeout_s=30.0)
+        sink.emit(record(1))
+        srv.wait_for(1)  # the first batch is stuck on the server
+        sink.emit(record(2))
+        srv.wait_for(2, timeout=5.0)  # sent meanwhile (another request in flight), not after the first
+        # record 2 was delivered, record 1 was not: a flush must not report success
+        assert not sink.force_flush(300)
+        release.set()
+        assert sink.force_flush(5_000)
+        sink.shutdown()
+    assert sink.stats.sent_items == 2

@@ -244,7 +244,9 @@ class HttpBridge:
         self._queue: collections.deque[EvaluationRecord] = collections.deque()
         self._seq = itertools.count(1)  # next() is atomic under the GIL: cheap ticket for emit
         self._emitted = 0  # highest ticket handed out
-        self._done = 0  # records delivered or dropped by the worker
+        # records leave the queue in ticket order; a batch in flight holds back "done" for its tickets
+        self._taken = 0  # tickets the worker took from the queue (or dropped from it)
+        self._open: set[int] = set()  # first ticket of each batch in flight
         self._cond = threading.Condition()
         self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -290,12 +292,13 @@ class HttpBridge:
         """Deliver (or finally drop) everything emitted so far; False if ``timeout_millis`` passed first."""
         target = self._emitted
         if self._thread is None or not self._thread.is_alive():
-            return self._done >= target or not self._queue
+            with self._cond:
+                return self._done_through() >= target or not self._queue
         self._poke()
         wait_ms = bounded_millis(timeout_millis)
         with self._cond:
             return self._cond.wait_for(
-                lambda: self._done >= target, timeout=None if wait_ms is None else wait_ms / 1000
+                lambda: self._done_through() >= target, timeout=None if wait_ms is None else wait_ms / 1000
             )
 
     def shutdown(self, timeout_millis: int | None = None) -> None:
@@ -358,7 +361,8 @@ class HttpBridge:
             otel_context.detach(token)
             # whatever the worker could not handle counts as done so that flushes do not hang
             with self._cond:
-                self._done = max(self._done, self._emitted - len(self._queue))
+                self._taken = max(self._taken, self._emitted - len(self._queue))
+                self._open.clear()
                 self._cond.notify_all()
 
     async def _main(self) -> None:
@@ -386,12 +390,19 @@ class HttpBridge:
                     while len(batches) >= self._concurrency:
                         _, batches = await asyncio.wait(batches, return_when=asyncio.FIRST_COMPLETED)
                     batch = [self._queue.popleft() for _ in range(min(self._max_batch, len(self._queue)))]
-                    batches.add(asyncio.create_task(self._deliver_and_count(client, sem, batch)))
+                    with self._cond:
+                        first = self._taken + 1
+                        self._taken += len(batch)
+                        self._open.add(first)
+                    batches.add(asyncio.create_task(self._deliver_and_count(client, sem, batch, first)))
                     await asyncio.sleep(0)  # let it start its requests before the next batch is taken
                 if batches:
-                    # wait for a batch in flight to finish, or for new records, whichever comes first
+                    # wait for a batch in flight to finish, for a full batch of new records, or for the
+                    # schedule delay (a slow request must not hold back records that arrived meanwhile)
                     waker = asyncio.ensure_future(self._wake.wait())
-                    done, _ = await asyncio.wait([*batches, waker], return_when=asyncio.FIRST_COMPLETED)
+                    done, _ = await asyncio.wait(
+                        [*batches, waker], timeout=self._schedule_delay_s, return_when=asyncio.FIRST_COMPLETED
+                    )
                     waker.cancel()
                     batches.difference_update(done)
                     self._wake.clear()
@@ -401,14 +412,18 @@ class HttpBridge:
                     return
 
     async def _deliver_and_count(
-        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, batch: list[EvaluationRecord]
+        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, batch: list[EvaluationRecord], first: int
     ) -> None:
         try:
             await self._deliver(client, sem, batch)
         finally:
             with self._cond:
-                self._done += len(batch)
+                self._open.discard(first)
                 self._cond.notify_all()
+
+    def _done_through(self) -> int:
+        """The highest ticket up to which every record was delivered or dropped (call under ``_cond``)."""
+        return min(self._open) - 1 if self._open else self._taken
 
     async def _deliver(
         self, client: httpx.AsyncClient, sem: asyncio.Semaphore, batch: list[EvaluationRecord]
@@ -536,7 +551,7 @@ class HttpBridge:
             dropped = [self._queue.popleft() for _ in range(left)]
             self._count_drop(DROP_AUTH, sum(_items(r) for r in dropped))
             with self._cond:
-                self._done += left
+                self._taken += left
                 self._cond.notify_all()
 
     # --- drop accounting --------------------------------------------------------------------------
