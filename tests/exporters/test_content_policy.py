@@ -107,3 +107,59 @@ def test_sinks_from_env_follow_streamjudge_capture_content() -> None:
     assert langfuse._capture is False and phoenix._capture is False
     langfuse.shutdown()
     phoenix.shutdown()
+
+
+def test_the_langfuse_sdk_client_sink_scrubs_comments_and_its_flush_keeps_the_deadline() -> None:
+    """Scores through the application's Langfuse SDK client (``create_score``): the comment follows the
+    policy too, and the SDK's flush, which takes no timeout, is not waited for past a shutdown deadline."""
+    pytest.importorskip("langfuse")
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    import threading
+
+    release = threading.Event()
+    script = textwrap.dedent(
+        """
+        import json, sys, time
+        from langfuse import Langfuse
+        from streamjudge import semconv
+        from streamjudge._deadline import shutdown_deadline
+        from streamjudge.exporters.base import EvaluationRecord
+        from streamjudge.exporters.langfuse import LangfuseClientScoreSink
+        from streamjudge.judging.base import Score
+
+        client = Langfuse(public_key="pk-lf-c", secret_key="sk-lf-c", base_url=sys.argv[1])
+        sink = LangfuseClientScoreSink(client, capture_content=False)
+        explanation = '1/2 claims supported; unsupported: "It was painted gold" (not in context: gold)'
+        sink.emit(EvaluationRecord(0x1234, 0x5678, "stream", "stream", "local",
+                                   (Score("faithfulness", 0.5, "fail", explanation),), time.time_ns()))
+        t0 = time.monotonic()
+        with shutdown_deadline(0.5):
+            ok = sink.force_flush()
+        print(json.dumps({"ok": ok, "took": time.monotonic() - t0}), flush=True)
+        sys.stdin.readline()  # the test releases the server
+        client.flush()
+        client.shutdown()
+        """
+    )
+    with serve(lambda _seen, _i: Reply(200, b"{}", hang=release)) as srv:
+        proc = subprocess.Popen([sys.executable, "-c", script, srv.url], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None and proc.stdin is not None
+            first = json.loads(proc.stdout.readline())
+            release.set()
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            proc.wait(timeout=60)
+        finally:
+            release.set()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        bodies = b"".join(s.body for s in srv.seen).decode()
+    assert first["ok"] is False and first["took"] < 2.0, first
+    assert "1/2 claims supported; unsupported" in bodies
+    assert "gold" not in bodies
