@@ -221,6 +221,18 @@ def test_the_deadline_bounds_waits_on_every_thread_and_nests_to_the_earliest() -
         assert pool_budget_millis(1_000) == 1_000
 
 
+def test_a_deadline_kept_open_bounds_later_waits() -> None:
+    from streamjudge import _deadline
+
+    with shutdown_deadline(0.0) as d:
+        _deadline.keep_open(d)
+    try:
+        assert current_deadline() is d and bounded_millis(30_000) == 0
+    finally:
+        _deadline._active.remove(d)
+    assert current_deadline() is None
+
+
 def test_shutdown_timeout_from_the_environment() -> None:
     assert shutdown_timeout_s({}) == 5.0
     assert shutdown_timeout_s({"STREAMJUDGE_SHUTDOWN_TIMEOUT": "2.5"}) == 2.5

@@ -124,6 +124,14 @@ def shutdown_deadline(timeout_s: float | None = None) -> Iterator[Deadline]:
             _active.remove(deadline)
 
 
+def keep_open(deadline: Deadline) -> None:
+    """Leave ``deadline`` open after its block ends: once a shutdown ran out of time, every later wait
+    of the process (the SDK's atexit shutdown after a timed-out drain) returns at once instead of taking
+    its own timeout again."""
+    with _lock:
+        _active.append(deadline)
+
+
 def shutdown_timeout_s(env: Mapping[str, str] | None = None) -> float:
     """``STREAMJUDGE_SHUTDOWN_TIMEOUT`` in seconds (default 5); an unusable value gives the default."""
     raw = (os.environ if env is None else env).get(ENV_SHUTDOWN_TIMEOUT, "").strip()

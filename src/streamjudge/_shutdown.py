@@ -32,7 +32,13 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from streamjudge._deadline import Deadline, pool_budget_millis, shutdown_deadline, shutdown_timeout_s
+from streamjudge._deadline import (
+    Deadline,
+    keep_open,
+    pool_budget_millis,
+    shutdown_deadline,
+    shutdown_timeout_s,
+)
 
 if TYPE_CHECKING:
     from streamjudge.runtime import Runtime
@@ -133,6 +139,8 @@ def drain(runtime: Runtime | None, timeout_s: float | None = None, *, global_pro
         except RuntimeError:  # no new threads this late in interpreter shutdown: drain here
             run()
         finished = done.wait(deadline.remaining() + _JOIN_SLACK_S)
+        if not finished:
+            keep_open(deadline)
     took = time.monotonic() - t0
     if finished:
         _log.info("streamjudge: drained in %.2fs", took)
