@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -158,8 +158,6 @@ def test_sigterm_exit_is_bounded_when_a_backend_never_answers() -> None:
     exporter's own timeouts (14.9 s in issue 10)."""
     receiver = OTLPReceiver().start()
     port = _free_port()
-    import threading
-
     never = threading.Event()
     with serve(lambda _seen, _i: Reply(200, hang=never)) as langfuse:
         proc = _start("zero-code", receiver, port, {
@@ -182,7 +180,3 @@ def test_sigterm_exit_is_bounded_when_a_backend_never_answers() -> None:
     assert proc.returncode == -signal.SIGTERM, (proc.returncode, out)
     assert sorted(str(s.attributes.get(semconv.STREAM_ANSWER)) for s in streams) == sorted(answers)
     assert took < SHUTDOWN_TIMEOUT_S + 3.0, took
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(pytest.main([__file__, "-q", "-s"]))
