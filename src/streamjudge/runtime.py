@@ -29,9 +29,12 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from streamjudge import _sdk, semconv
 from streamjudge._context import ContextStore, default_store
+from streamjudge._deadline import shutdown_deadline
+from streamjudge._shutdown import install_signal_drain
 from streamjudge._vendors import VendorBackend, default_backends
 from streamjudge._version import __version__
 from streamjudge.config import Settings, load_settings
+from streamjudge.exporters._counting import count_export_failures
 from streamjudge.exporters.base import EvaluationSink
 from streamjudge.judging import _backend
 from streamjudge.judging.base import EvalKind, Judge
@@ -140,6 +143,7 @@ class Runtime:
             downstream.add_span_processor(p)
         _sdk.set_span_processors(provider, (self.processor,))
         self.processor.set_downstream(downstream)
+        count_export_failures(downstream)  # the exporters the SDK built from OTEL_*: losses become a metric
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Wait for queued judgements and export what is pending."""
@@ -157,12 +161,14 @@ class Runtime:
         _sdk.unwatch_span_processors(self.tracer_provider, self._on_processor_added)
         if timeout_millis is not None:
             self.processor.set_shutdown_timeout(timeout_millis)
-        if self.owns_provider:
-            self.tracer_provider.shutdown()  # -> processor.shutdown: drain the pool, then export
-        else:
-            self.processor.shutdown()
-        if self._meter_provider is not None:
-            self._meter_provider.shutdown()
+        # one deadline for everything below (pool, sinks, bridges, exporters), whatever each would wait
+        with shutdown_deadline(None if timeout_millis is None else timeout_millis / 1000):
+            if self.owns_provider:
+                self.tracer_provider.shutdown()  # -> processor.shutdown: drain the pool, then export
+            else:
+                self.processor.shutdown()
+            if self._meter_provider is not None:
+                self._meter_provider.shutdown()
         with _lock:
             if _runtime is self:
                 _runtime = None
@@ -365,4 +371,6 @@ def configure(
             previous._replaced()
         else:
             previous.shutdown()
+    # uvicorn re-raises SIGTERM after its graceful shutdown and the SDK's atexit never runs: drain on it
+    install_signal_drain()
     return rt

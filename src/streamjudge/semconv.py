@@ -149,3 +149,7 @@ CONTEXT_RECALL: Final = "context_recall"
 
 # --- instrumentation scope -----------------------------------------------------------------------
 TRACER_NAME: Final = "streamjudge"
+
+# --- export failures (span exporters streamjudge creates or takes over) ----------------------------
+METRIC_EXPORT_FAILURES: Final = "streamjudge.export.failures"  # spans an exporter failed to deliver
+METRIC_ATTR_EXPORTER: Final = "exporter"

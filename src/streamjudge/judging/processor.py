@@ -26,8 +26,10 @@ from opentelemetry.trace import Link, SpanContext, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
+from streamjudge._deadline import pool_budget_millis
 from streamjudge._fork import after_fork_in_child
 from streamjudge._spans import copy_span
+from streamjudge.exporters._content import scrub_explanation
 from streamjudge.exporters.base import EvaluationRecord, EvaluationSink
 from streamjudge.results import JobOutcome, JudgeRequest, Score
 
@@ -271,7 +273,8 @@ class JudgeSpanProcessor(SpanProcessor):
         self._closed = True
         if self._judging is not None:
             try:
-                self._judging.shutdown(self._shutdown_timeout)
+                # within a process-wide shutdown deadline, the pool gets most of what is left, not all
+                self._judging.shutdown(pool_budget_millis(self._shutdown_timeout))
             except Exception:
                 _log.exception("streamjudge: draining the judge pool failed")
         self.release_held("shutdown")
@@ -343,8 +346,10 @@ class JudgeSpanProcessor(SpanProcessor):
                     extra[semconv.sentences_attribute(s.name, "ranges")] = ranges
             if s.skipped:
                 ev[semconv.EVAL_SKIP_REASON] = s.skipped
-            explanation = s.explanation or (f"skipped: {s.skipped}" if s.skipped else "")
-            if explanation and self._capture:
+            # without content capture an explanation keeps its structure, not the quoted answer text
+            explanation = scrub_explanation(s.explanation, self._capture) or (
+                f"skipped: {s.skipped}" if s.skipped else "")
+            if explanation:
                 ev[semconv.GEN_AI_EVALUATION_EXPLANATION] = explanation
             events.append(Event(semconv.EVENT_EVALUATION_RESULT, ev, now))
         extra[semconv.EVAL_PASSED] = passed
