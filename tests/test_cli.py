@@ -165,7 +165,7 @@ def test_the_judge_comes_from_STREAMJUDGE_JUDGE_and_is_printed(tmp_path: Path) -
         ({"STREAMJUDGE_JUDGE": "llm", "EVAL_MODEL": "", "OPENAI_API_KEY": "", "OPENAI_BASE_URL": ""}, (),
          "the final judge 'llm' (from STREAMJUDGE_JUDGE) cannot be used"),
         ({}, ("--judge", "nosuch.module:Judge"), "judge 'nosuch.module:Judge' (from --judge) cannot be used"),
-        ({}, ("--judge", "ragass"), "--judge='ragass': expected local, llm, ragas, deepeval"),
+        ({}, ("--judge", "ragass"), "--judge='ragass': expected local, model, llm, ragas, deepeval"),
         ({"STREAMJUDGE_ACTION": "bogus"}, (), "STREAMJUDGE_ACTION='bogus': expected one of flag, regenerate, stop"),
     ],
 )

@@ -44,7 +44,7 @@ TERMINAL_FRAME_KINDS: tuple[str, ...] = ("event", "data", "type")
 
 
 #: judges built in (``package.module:ClassName`` names any other)
-JUDGE_NAMES: tuple[str, ...] = ("local", "llm", "ragas", "deepeval")
+JUDGE_NAMES: tuple[str, ...] = ("local", "model", "llm", "ragas", "deepeval")
 #: metric names the built-in judges score (deepeval also scores GEval rubrics by name)
 KNOWN_METRICS: tuple[str, ...] = (
     semconv.FAITHFULNESS,
