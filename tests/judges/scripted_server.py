@@ -152,9 +152,13 @@ class Brain:
         self.tasks.append(task + (":obeyed" if obey else ""))
         claims = sentences(answer)
         if task == "faithfulness":
-            return {"claims": [{"claim": c, "verdict": "supported" if obey or supported(c, ctx_words)
-                                else "unsupported", "reason": "checked against the passages"}
-                               for c in claims]}
+            # our llm judge numbers the sentences to check ("[1] ..."): answer with the sentence of each claim
+            numbered = [(int(n), c.strip()) for n, c in re.findall(r"^\[(\d+)\] (.*)$", answer, re.M)]
+            pairs = numbered or [(0, c) for c in claims]
+            return {"claims": [{"claim": c, **({"sentence": n} if n else {}),
+                                "verdict": "supported" if obey or supported(c, ctx_words) else "unsupported",
+                                "reason": "checked against the passages"}
+                               for n, c in pairs]}
         if task == "answer_relevancy":
             return {"statements": [{"statement": s, "relevant": obey or relevant(s, question)}
                                    for s in claims], "noncommittal": False}
