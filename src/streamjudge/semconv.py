@@ -102,6 +102,15 @@ GEN_AI_EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
 ERROR_TYPE: Final = "error.type"
 
+# OpenInference's span kinds and input/output, so Phoenix (and other OpenInference viewers) render
+# streamjudge's own spans: the stream is a CHAIN, a checkpoint a GUARDRAIL, an evaluation an EVALUATOR
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+OPENINFERENCE_KIND_CHAIN: Final = "CHAIN"
+OPENINFERENCE_KIND_GUARDRAIL: Final = "GUARDRAIL"
+OPENINFERENCE_KIND_EVALUATOR: Final = "EVALUATOR"
+INPUT_VALUE: Final = "input.value"
+OUTPUT_VALUE: Final = "output.value"
+
 # --- other events on the stream span -------------------------------------------------------------
 EVENT_FIRST_TOKEN: Final = "streamjudge.first_token"
 EVENT_ALERT: Final = "streamjudge.alert"
