@@ -58,6 +58,8 @@ CHECKPOINT_TEXT_SHA256: Final = "streamjudge.checkpoint.text.sha256"
 CHECKPOINT_FINAL: Final = "streamjudge.checkpoint.final"
 
 # --- evaluation results (attributes on the judged span, or on the EVALUATOR span) -----------------
+#: what was judged: ``checkpoint`` (new sentences), ``answer`` (the final pass), ``preflight`` (contexts)
+EVAL_KIND: Final = "streamjudge.eval.kind"
 EVAL_STATUS: Final = "streamjudge.eval.status"  # judged / dropped / timeout / error / sampled_out / ...
 EVAL_SKIP_REASON: Final = "streamjudge.eval.skip_reason"
 EVAL_JUDGE: Final = "streamjudge.eval.judge"

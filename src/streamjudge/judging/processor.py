@@ -367,7 +367,9 @@ class JudgeSpanProcessor(SpanProcessor):
         for s in scores:
             if s.value is None:
                 continue
-            labels = {semconv.METRIC_ATTR_EVALUATION: s.name, semconv.SPAN_TYPE: kind}
+            # the span type as on the spans (the collector's metrics use it too); what was judged beside it
+            labels = {semconv.METRIC_ATTR_EVALUATION: s.name, semconv.SPAN_TYPE: _KIND_SPAN_TYPE[kind],
+                      semconv.EVAL_KIND: kind}
             self._m_score.record(s.value, labels)
             if s.label == "fail":
                 self._m_alerts.add(1, labels)
