@@ -374,11 +374,12 @@ def test_terminal_frames_are_configurable(harness: Harness) -> None:
 
     def order(terminal_frames: tuple[str, ...]) -> list[str]:
         app = Starlette(routes=[Route("/sse", sse)],
-                        middleware=[Middleware(StreamJudgeMiddleware, terminal_frames=terminal_frames)])
+                        middleware=[Middleware(StreamJudgeMiddleware, terminal_frames=terminal_frames,
+                                               client_events=True)])
         with TestClient(app) as client:
             body = client.get("/sse", params={"answer": "invented"}).text
         return [line[6:].strip() for line in body.splitlines() if line.startswith("event:")]
 
-    assert order(("event:done",))[-2:] == ["warning", "done"]
+    assert order(("event:done",))[-2:] == ["warning", "done"]  # client events on (asked for in code)
     # nothing held back: the warning can only follow the app's done frame (what the option turns off)
     assert order(())[-2:] == ["done", "warning"]
