@@ -46,6 +46,7 @@ from streamjudge.instrumentation._sse import (
     json_event_name,
     make_token_extractor,
     render_sse,
+    render_sse_data,
 )
 
 if TYPE_CHECKING:
@@ -59,7 +60,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-FrameKind = Literal["sse", "ndjson", "text", "websocket"]
+#: ``sse-data``: an SSE app whose frames are data-only JSON (``data: {"type": "token", ...}``)
+FrameKind = Literal["sse", "sse-data", "ndjson", "text", "websocket"]
 #: (event, frame kind) -> what to send for a guard event: bytes/str for bodies, str/dict for WebSocket
 #: messages, or None to send nothing
 FrameHook = Callable[["StreamEvent", FrameKind], "bytes | str | Mapping[str, Any] | None"]
@@ -77,11 +79,14 @@ def event_payload(event: StreamEvent) -> dict[str, Any]:
 
 
 def default_frame_hook(event: StreamEvent, kind: FrameKind) -> bytes | str | Mapping[str, Any] | None:
-    """``event: warning`` + JSON for SSE, a JSON line for NDJSON, a JSON message on WebSockets."""
+    """``event: warning`` + JSON for SSE (a data-only ``{"type": "warning", ...}`` frame for apps whose
+    frames are data-only), a JSON line for NDJSON, a JSON message on WebSockets."""
     if event.type not in DEFAULT_INJECT:
         return None
     if kind == "sse":
         return render_sse(event.type, event_payload(event))
+    if kind == "sse-data":
+        return render_sse_data(event_payload(event))
     if kind == "ndjson":
         return (json.dumps(event_payload(event), default=str) + "\n").encode()
     if kind == "websocket":
@@ -246,6 +251,8 @@ class StreamJudgeMiddleware:
         body_done = False  # the last body message went out
         # created now, not at the response start: a response may wait in receive() before it starts
         stop_wake = asyncio.Event()
+        sse_style: FrameKind = "sse"  # "sse-data" once the app's first frame turns out data-only
+        styled = False
         extract = self._extract
         path = self._path
         terminal = self._terminal
@@ -256,7 +263,7 @@ class StreamJudgeMiddleware:
 
         async def send_events(events: list[StreamEvent]) -> None:
             assert mode is not None
-            for frame in self._render(events, mode):
+            for frame in self._render(events, sse_style if mode == "sse" else mode):
                 body = frame.encode() if isinstance(frame, str) else frame
                 if isinstance(body, bytes | bytearray):
                     await send_body(bytes(body), True)
@@ -322,13 +329,18 @@ class StreamJudgeMiddleware:
                     await finish_stream(binding)  # verdicts in flight land on the span; nothing is sent
 
         async def wrapped_send(message: Message) -> None:
-            nonlocal mode, parser, started, line_buf, body_done
+            nonlocal mode, parser, started, line_buf, body_done, sse_style, styled
             if ended:
                 return
             mtype = message["type"]
             if mtype == "http.response.body" and mode is not None and not events_on:
                 await pass_through(message)
                 return
+            if mode == "sse" and not styled and message.get("body"):
+                styled = True
+                head = bytes(message["body"]).lstrip()
+                if head.startswith(b"data:"):
+                    sse_style = "sse-data"
             if mtype == "http.response.start":
                 mode = _mode_for(message.get("headers"))
                 started = True

@@ -113,11 +113,10 @@ class StreamBinding:
         return s is not None and s.stopped
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def open(self, source: Source, parent: otel_context.Context | None = None) -> None:
+    def open(self, source: Source) -> None:
         """An answer node started: ``source`` delivers the tokens; the stream span will start now.
 
-        The session itself opens at the first token (see the module docstring), under ``parent`` (the
-        answer node's span) when given.
+        The session itself opens at the first token (see the module docstring).
         """
         with self._lock:
             if self.closed or self.session is not None:
@@ -126,8 +125,6 @@ class StreamBinding:
                 self.source = source
             if not self.node_start_ns:
                 self.node_start_ns = time.time_ns()
-                if parent is not None:
-                    self._parent = parent
 
     def ensure_session(self) -> GuardSession:
         """The session, opened now if this is the stream's first token."""
@@ -169,7 +166,7 @@ class StreamBinding:
             s, self.session = self.session, None
             self.closed = True
         if s is not None:
-            out.extend(s.finish())
+            out.extend(s.finish("stopped" if s.stopped else "completed"))
         return out
 
     def abort(self, outcome: str = "disconnected") -> None:

@@ -263,7 +263,7 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
             else:
                 run.binding = binding
         try:
-            binding.open(source="graph", parent=parent)
+            binding.open(source="graph")
         except Exception:  # the app's graph must run even if the guard cannot start
             _log.exception("streamjudge: could not open the answer stream")
 

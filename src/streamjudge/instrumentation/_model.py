@@ -159,7 +159,6 @@ class _Tap:
 
         meta: list[Any] = []  # text-less chunks that arrived while text was held
         nxt: asyncio.Future[Any] | None = None
-        tail_closed = False
         ok = False
         try:
             while True:
@@ -174,37 +173,54 @@ class _Tap:
                             nxt.cancel()
                             nxt = None
                         await _aclose(source)
-                        source = aiter(self._begin_regeneration(s))
-                        tail_closed = False
+                        source = self._begin_regeneration(s)
                         continue
                 try:
-                    if s is not None and s.outstanding and (s.hold_back or tail_closed):
-                        # verdicts in flight while text is held: race the next chunk against them
+                    if nxt is None and not (s is not None and s.hold_back and s.outstanding):
+                        chunk = await anext(source)
+                    else:
+                        # text held while verdicts are in flight: race the next chunk against them
                         if nxt is None:
                             nxt = asyncio.ensure_future(anext(source))
                         woke.clear()
-                        if not s.has_events:
+                        if s is not None and not s.has_events and s.outstanding:
                             waiter = asyncio.ensure_future(woke.wait())
                             try:
                                 await asyncio.wait({nxt, waiter}, return_when=asyncio.FIRST_COMPLETED)
                             finally:
                                 waiter.cancel()
+                        else:
+                            await asyncio.wait({nxt})
                         if not nxt.done():
                             continue
                         fut, nxt = nxt, None
                         chunk = fut.result()
-                    elif tail_closed:
-                        break  # source over, nothing in flight
-                    else:
-                        chunk = await anext(source)
                 except StopAsyncIteration:
-                    if s is None or tail_closed or not self._waits(s):
+                    if s is None or not self._waits(s):
                         break
                     # the model is done: the last window is judged before the node gets the rest
                     s.close_tail()
-                    tail_closed = True
-                    await self._wait_tail(s)
-                    continue
+                    switched = False
+                    deadline = loop.time() + s.settings.end_wait_s
+                    while not s.stopped:
+                        if s.has_events:
+                            for out in self._apply(s.drain()):
+                                yield out
+                            if s.regen_request is not None:
+                                source = self._begin_regeneration(s)
+                                switched = True
+                                break
+                            continue
+                        remaining = deadline - loop.time()
+                        if not s.outstanding or remaining <= 0:
+                            break
+                        woke.clear()
+                        if not s.has_events:
+                            with contextlib.suppress(TimeoutError):
+                                await asyncio.wait_for(woke.wait(), remaining)
+                    if switched:
+                        continue
+                    break
                 text = chunk_text(chunk)
                 if not text:
                     if s is not None and s.hold_back and self._held():
@@ -262,20 +278,6 @@ class _Tap:
         # stream is open; a graph run without a server has nobody else to wait for its verdicts
         return s.hold_back or s.settings.action != "flag" or self.binding.owner == "graph"
 
-    async def _wait_tail(self, s: GuardSession) -> None:
-        woke = self._woke
-        assert woke is not None
-        deadline = asyncio.get_running_loop().time() + s.settings.end_wait_s
-        while s.outstanding and not s.has_events:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                return
-            woke.clear()
-            if s.has_events:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woke.wait(), remaining)
-
     async def _wait_preflight(self, s: GuardSession) -> None:
         woke = self._woke
         assert woke is not None
@@ -301,7 +303,9 @@ class _Tap:
             elif kind in _CLIENT_EVENTS:
                 client.append(ev)
                 if kind == "stop" and ev.text:
-                    out.append(_text_chunk(ev.text, self.like))
+                    shown = "".join(self.accepted)[: self.released]
+                    sep = " " if shown and not shown[-1].isspace() else ""
+                    out.append(_text_chunk(sep + ev.text, self.like))
         if client:
             self.binding.post(client)
         return out
@@ -314,6 +318,7 @@ class _Tap:
         else:
             self.released = sum(map(len, self.accepted))
         return aiter(s.open_regeneration(req))  # type: ignore[arg-type]
+
 
 
 async def _aclose(source: AsyncIterator[Any]) -> None:
