@@ -50,7 +50,8 @@ def app_model(body: dict[str, Any]) -> dict[str, Any] | None:
     if DEFAULT_REGENERATE_INSTRUCTION[:30] in text:
         return {"content": CONTINUATION}
     if body.get("tools") and not any(m.get("role") == "tool" for m in messages):
-        return {"tool_call": {"name": "retrieve", "arguments": {"query": "Eiffel Tower height"}}}
+        name = body["tools"][0].get("function", {}).get("name", "retrieve")
+        return {"tool_call": {"name": name, "arguments": {"query": "Eiffel Tower height"}}}
     return {"content": ANSWER}
 
 

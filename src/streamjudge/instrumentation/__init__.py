@@ -126,6 +126,17 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         wrap_function_wrapper(cb.BaseCallbackManager, "__init__",
                               _langgraph.CallbackManagerInitWrapper(self._handler, oi_tracer_cls))
         self._patched.append((cb.BaseCallbackManager, "__init__"))
+        try:
+            from langgraph.pregel import Pregel
+        except ImportError:
+            Pregel = None  # noqa: N806 - LangChain without LangGraph
+        if Pregel is not None:
+            roots = _langgraph.GraphRootWrapper(rt.tracer_provider.get_tracer(semconv.TRACER_NAME, __version__))
+            for attr, wrapper in (("invoke", roots.sync), ("stream", roots.sync), ("ainvoke", roots.asyn),
+                                  ("astream", roots.asyn)):
+                if attr in vars(Pregel):
+                    wrap_function_wrapper(Pregel, attr, wrapper)
+                    self._patched.append((Pregel, attr))
         # the model tap: the answer node's chat-model stream passes through the guard
         from langchain_core.language_models.chat_models import BaseChatModel
 

@@ -560,3 +560,80 @@ class CallbackManagerInitWrapper:
             if h is self.handler:
                 return
         instance.add_handler(self.handler, True)
+
+
+# --- a root span for graph runs outside any span ---------------------------------------------------------
+
+class GraphRootWrapper:
+    """Around ``Pregel.invoke/ainvoke/stream/astream``: a run outside any span gets a root span first.
+
+    A script or a worker calling ``graph.ainvoke`` under ``opentelemetry-instrument`` has no request span;
+    without one, every LangChain run would start a trace of its own and the answer could not be judged.
+    The span is made current for the run, so openinference's spans, the node spans and the stream span
+    all land in its trace. Runs nested in another runnable (a subgraph in a node) are left alone.
+    """
+
+    __slots__ = ("tracer",)
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self.tracer = tracer
+
+    def _needed(self) -> bool:
+        from langchain_core.runnables.config import var_child_runnable_config
+
+        if var_child_runnable_config.get() is not None:
+            return False
+        if otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+            return False
+        return not trace.get_current_span().get_span_context().is_valid
+
+    def _span(self, instance: Any) -> Span:
+        name = getattr(instance, "name", None) or "LangGraph"
+        return self.tracer.start_span(str(name), attributes={semconv.SPAN_TYPE: "graph"})
+
+    def sync(self, wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        if not self._needed():
+            return wrapped(*args, **kwargs)
+        if wrapped.__name__ == "stream":
+            return self._sync_gen(wrapped(*args, **kwargs), self._span(instance))
+        with trace.use_span(self._span(instance), end_on_exit=True):
+            return wrapped(*args, **kwargs)
+
+    def asyn(self, wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        if not self._needed():
+            return wrapped(*args, **kwargs)
+        span = self._span(instance)
+        if wrapped.__name__ == "astream":
+            return self._async_gen(wrapped, args, kwargs, span)
+        return self._coro(wrapped(*args, **kwargs), span)
+
+    @staticmethod
+    async def _coro(coro: Any, span: Span) -> Any:
+        with trace.use_span(span, end_on_exit=True):
+            return await coro
+
+    @staticmethod
+    def _sync_gen(gen: Any, span: Span) -> Any:
+        with trace.use_span(span, end_on_exit=True):
+            yield from gen
+
+    @staticmethod
+    async def _async_gen(wrapped: Callable[..., Any], args: Any, kwargs: Any, span: Span) -> Any:
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            gen = wrapped(*args, **kwargs)  # created under the span: its tasks copy this context
+            try:
+                async for item in gen:
+                    yield item
+            finally:
+                await gen.aclose()
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
+        finally:
+            span.end()
+            try:
+                otel_context.detach(token)
+            except ValueError:  # iterated from another context: nothing of ours to restore there
+                pass

@@ -69,12 +69,39 @@ class ModelPatcher:
                 return
 
     def caller_wrapper(self, wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
-        """Around ``astream`` / ``_agenerate_with_cache``: make sure the model's class is tapped."""
+        """Around ``astream`` / ``_agenerate_with_cache``: make sure the model's class is tapped.
+
+        An answer call that would not stream (``ainvoke`` without a streaming handler) is asked to when
+        the guard has to act on it (hold-back, stop, regenerate): the node still receives one message,
+        the aggregate of what the guard released.
+        """
         try:
             self.ensure(type(instance))
+            if (
+                wrapped.__name__ == "_agenerate_with_cache"
+                and "stream" not in kwargs
+                and _armed.get() is not None
+                and _acts()
+                and _streams(type(instance))
+            ):
+                kwargs = {**kwargs, "stream": True}
         except Exception:  # never break the app's model call
             _log.debug("streamjudge: could not tap %r", type(instance), exc_info=True)
         return wrapped(*args, **kwargs)
+
+
+def _acts() -> bool:
+    from streamjudge.runtime import current_runtime
+
+    rt = current_runtime()
+    return rt is not None and (rt.settings.mode == "hold_back" or rt.settings.action != "flag")
+
+
+def _streams(cls: type) -> bool:
+    from langchain_core.language_models.chat_models import BaseChatModel
+
+    return getattr(cls, "_astream", None) is not getattr(BaseChatModel, "_astream", None) or (
+        getattr(cls, "_stream", None) is not getattr(BaseChatModel, "_stream", None))
 
 
 def astream_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
