@@ -126,26 +126,30 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         wrap_function_wrapper(cb.BaseCallbackManager, "__init__",
                               _langgraph.CallbackManagerInitWrapper(self._handler, oi_tracer_cls))
         self._patched.append((cb.BaseCallbackManager, "__init__"))
+        pregel: Any = None
         try:
             from langgraph.pregel import Pregel
-        except ImportError:
-            Pregel = None  # noqa: N806 - LangChain without LangGraph
-        if Pregel is not None:
-            roots = _langgraph.GraphRootWrapper(rt.tracer_provider.get_tracer(semconv.TRACER_NAME, __version__))
+
+            pregel = Pregel
+        except ImportError:  # LangChain without LangGraph
+            pass
+        if pregel is not None:
+            root_tracer = rt.tracer_provider.get_tracer(semconv.TRACER_NAME, __version__)
+            roots = _langgraph.GraphRootWrapper(root_tracer)
             for attr, wrapper in (("invoke", roots.sync), ("stream", roots.sync), ("ainvoke", roots.asyn),
                                   ("astream", roots.asyn)):
-                if attr in vars(Pregel):
-                    wrap_function_wrapper(Pregel, attr, wrapper)
-                    self._patched.append((Pregel, attr))
+                if attr in vars(pregel):
+                    wrap_function_wrapper(pregel, attr, wrapper)
+                    self._patched.append((pregel, attr))
         # the model tap: the answer node's chat-model stream passes through the guard
         from langchain_core.language_models.chat_models import BaseChatModel
 
         from streamjudge.instrumentation._model import ModelPatcher
 
-        self._models = ModelPatcher()
+        self._models: ModelPatcher | None = ModelPatcher()
         for attr in ("astream", "_agenerate_with_cache"):
             if attr in vars(BaseChatModel):
-                wrap_function_wrapper(BaseChatModel, attr, self._models.caller_wrapper)
+                wrap_function_wrapper(BaseChatModel, attr, self._models.caller_wrapper)  # type: ignore[union-attr]
                 self._patched.append((BaseChatModel, attr))
 
     # --- FastAPI / Starlette ------------------------------------------------------------------------

@@ -20,6 +20,7 @@ every LangChain callback manager the way openinference adds its tracer:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -633,7 +634,5 @@ class GraphRootWrapper:
             raise
         finally:
             span.end()
-            try:
+            with contextlib.suppress(ValueError):  # iterated from another context: nothing to restore
                 otel_context.detach(token)
-            except ValueError:  # iterated from another context: nothing of ours to restore there
-                pass
