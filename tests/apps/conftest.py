@@ -93,7 +93,8 @@ class App:
 
 
 def app_env(llm_server: ScriptedLLMServer, receiver: OTLPReceiver | None, port: int,
-            **settings: str) -> dict[str, str]:
+            env: dict[str, str] | None = None, **settings: str) -> dict[str, str]:
+    extra = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMJUDGE_", "OTEL_"))}
     env.update({
         "APP_LLM_BASE_URL": llm_server.openai_base_url,
@@ -109,18 +110,19 @@ def app_env(llm_server: ScriptedLLMServer, receiver: OTLPReceiver | None, port: 
         env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
                     "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
     env.update({f"STREAMJUDGE_{k.upper()}": v for k, v in settings.items()})
+    env.update(extra)
     return env
 
 
 @contextlib.contextmanager
 def serve(script: str, llm_server: ScriptedLLMServer, receiver: OTLPReceiver | None, *,
-          instrumented: bool = True, **settings: str) -> Iterator[App]:
+          instrumented: bool = True, env: dict[str, str] | None = None, **settings: str) -> Iterator[App]:
     """Run ``tests/apps/<script>`` (under ``opentelemetry-instrument`` unless told otherwise) until done."""
     port = free_port()
     cmd = [str(BIN / "python"), str(HERE / script)]
     if instrumented:
         cmd = [str(BIN / "opentelemetry-instrument"), *cmd]
-    proc = subprocess.Popen(cmd, env=app_env(llm_server, receiver, port, **settings), cwd=HERE,
+    proc = subprocess.Popen(cmd, env=app_env(llm_server, receiver, port, env, **settings), cwd=HERE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     app = App(proc, port)
     try:

@@ -138,3 +138,22 @@ def test_each_action_with_client_events_on(
     if action == "regenerate":
         assert stream.attributes[semconv.STREAM_REGENERATIONS] == 1
         assert stream.attributes[semconv.STREAM_ANSWER] == GROUNDED + CONTINUATION
+
+
+@pytest.mark.parametrize("case", ["sdk_disabled", "unsampled"])
+def test_nothing_waits_when_spans_do_not_record(
+    llm_server: ScriptedLLMServer, receiver: OTLPReceiver, case: str
+) -> None:
+    # hold-back with a 30 s end wait: a guard waiting for verdicts that never come would hit the
+    # client's 10 s timeout; stop would cut the answer
+    extra = {"OTEL_SDK_DISABLED": "true"} if case == "sdk_disabled" else {}
+    headers = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"} \
+        if case == "unsampled" else {}
+    with serve("react_sse.py", llm_server, receiver, env=extra, mode="hold_back", action="stop",
+               client_events="on", end_wait="30", **SETTINGS) as app:
+        with httpx.stream("POST", f"{app.url}/stream", json={"message": QUESTION}, headers=headers,
+                          timeout=10) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+    frames = [json.loads(line[6:]) for line in lines]
+    assert "".join(f["content"] for f in frames if f["type"] == "token") == ANSWER
+    assert [f for f in frames if f["type"] != "token"] == []

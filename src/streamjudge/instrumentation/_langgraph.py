@@ -253,8 +253,9 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         parent = trace.set_span_in_context(span) if span is not None else None
         binding = _binding.lookup(run.trace_id)
         if binding is None or binding.closed:
-            if span is not None and not span.is_recording():
-                return  # unsampled or the SDK is off: nothing would ever judge it
+            current = span or trace.get_current_span()
+            if current.get_span_context().is_valid and not current.is_recording():
+                return  # unsampled or the SDK is off: nothing would ever judge it, nothing may wait
             binding = StreamBinding(run.trace_id, owner="graph",
                                     parent=parent or otel_context.get_current())
             _binding.bind(binding)
