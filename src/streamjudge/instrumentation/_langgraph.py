@@ -535,7 +535,9 @@ def oi_end_trace_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, 
 
 
 def _is_langfuse_handler(handler: Any) -> bool:
-    return type(handler).__module__.startswith("langfuse") and type(handler).__name__ == "CallbackHandler"
+    # langfuse.langchain.CallbackHandler (class LangchainCallbackHandler); by module, so no import
+    cls = type(handler)
+    return cls.__module__.startswith("langfuse") and cls.__name__.endswith("CallbackHandler")
 
 
 class CallbackManagerInitWrapper:
