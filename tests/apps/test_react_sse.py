@@ -150,10 +150,10 @@ def test_nothing_waits_when_spans_do_not_record(
     headers = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"} \
         if case == "unsampled" else {}
     with serve("react_sse.py", llm_server, receiver, env=extra, mode="hold_back", action="stop",
-               client_events="on", end_wait="30", **SETTINGS) as app:
-        with httpx.stream("POST", f"{app.url}/stream", json={"message": QUESTION}, headers=headers,
-                          timeout=10) as r:
-            lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+               client_events="on", end_wait="30", **SETTINGS) as app, \
+            httpx.stream("POST", f"{app.url}/stream", json={"message": QUESTION}, headers=headers,
+                         timeout=10) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: {")]
     frames = [json.loads(line[6:]) for line in lines]
     assert "".join(f["content"] for f in frames if f["type"] == "token") == ANSWER
     assert [f for f in frames if f["type"] != "token"] == []

@@ -14,7 +14,7 @@ from langfuse import Langfuse
 from langfuse.langchain import CallbackHandler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "adaptive_rag"))
-import rag  # noqa: E402
+import rag
 
 
 async def main(with_handler: bool) -> None:
