@@ -2,7 +2,8 @@
 
 Mirrors LangGraph's agentic-RAG tutorial served as NDJSON: ``generate_query_or_respond`` (tools bound) ->
 ``retrieve`` (a ToolNode) -> ``grade_documents`` (a conditional edge, structured output) ->
-``generate_answer``; each graph update goes out as one ``{node: content}`` line.
+``generate_answer``; each graph update goes out as one ``{node: content}`` line (``POST /ask``); ``POST /ask_json``
+answers in one JSON body.
 """
 
 from __future__ import annotations
@@ -103,6 +104,12 @@ async def ask(req: Ask) -> StreamingResponse:
                 yield json.dumps({node: content}) + "\n"
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@app.post("/ask_json")
+async def ask_json(req: Ask) -> dict[str, object]:
+    out = await graph.ainvoke({"messages": [{"role": "user", "content": req.question}]})
+    return {"answer": out["messages"][-1].content}
 
 
 if __name__ == "__main__":

@@ -84,3 +84,17 @@ def test_hold_back_acts_on_a_non_streamed_answer(
     assert warnings and warnings[0]["metric"] == semconv.FAITHFULNESS
     stream = stream_span(spans)
     assert stream.attributes[semconv.STREAM_VERDICT] == ("regenerated" if action == "regenerate" else "stopped")
+
+
+def test_a_json_endpoint_gets_a_verdict_consistent_with_its_scores(
+    llm_server: ScriptedLLMServer, receiver: OTLPReceiver
+) -> None:
+    with serve("agentic_ndjson.py", llm_server, receiver, **SETTINGS) as app:
+        answer = httpx.post(f"{app.url}/ask_json", json={"question": QUESTION}, timeout=30).json()["answer"]
+        spans = receiver.wait_for(stream_exported)
+    assert answer == ANSWER
+    stream = stream_span(spans)
+    assert stream.attributes[semconv.STREAM_ANSWER] == answer
+    assert stream.attributes[semconv.score_attribute(semconv.FAITHFULNESS)] < 0.7
+    assert stream.attributes[semconv.STREAM_ALERTS] == 1
+    assert stream.attributes[semconv.STREAM_VERDICT] == "flagged"
