@@ -43,6 +43,7 @@ import math
 import re
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -378,7 +379,9 @@ class _Handler(BaseHTTPRequestHandler):
                     "id": "call_1", "type": "function",
                     "function": {"name": tool["name"], "arguments": json.dumps(tool["arguments"])}}]}
                 finish = "tool_calls"
-            time.sleep(owner.first_token_delay_s)
+            # a model takes as long to write a whole answer as to stream it
+            n = len(str(content or "").split(" ")) if tool is None else 1
+            time.sleep(owner.first_token_delay_s + owner.token_delay_s * (n - 1))
             self._send(200, {"id": "chatcmpl-app", "object": "chat.completion", "created": created,
                              "model": model, "choices": [{"index": 0, "message": message,
                                                           "finish_reason": finish}],
@@ -425,7 +428,7 @@ class _Handler(BaseHTTPRequestHandler):
             write(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError):  # the app closed the model's stream (a stop)
             self.close_connection = True
 
     def _messages(self, body: dict[str, Any], fault: str | None) -> None:
@@ -505,6 +508,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # concurrency tests open many connections at once
     owner: ScriptedLLMServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client process that exits with keep-alive connections open resets them: not an error here
+        if not isinstance(sys.exc_info()[1], ConnectionResetError):
+            super().handle_error(request, client_address)
 
 
 class ScriptedLLMServer:
