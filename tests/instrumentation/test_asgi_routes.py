@@ -71,3 +71,14 @@ def test_route_settings(harness: Harness, options: dict[str, Any], judged: bool)
     with TestClient(_app(**options)) as client:
         client.get("/sse", params={"answer": "invented", "delay": "0"})
     assert bool(_streams(harness)) is judged
+
+
+def test_a_body_fed_stream_counts_time_to_first_token_from_the_request(harness: Harness) -> None:
+    # the app waits 50 ms before each token: the stream span opens with the request, not at the first
+    # parsed token (which made the first token look instantaneous)
+    harness.configure(None)
+    with TestClient(_app()) as client:
+        client.get("/sse", params={"answer": "grounded", "delay": "0.05"})
+    (stream,) = _streams(harness)
+    assert stream.attributes[semconv.STREAM_TTFT_MS] >= 50
+    assert stream.attributes[semconv.STREAM_TTFT_REQUEST_MS] >= 50
