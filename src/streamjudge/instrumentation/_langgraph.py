@@ -360,6 +360,7 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
         run = self._runs.pop(run_id, None)
+        _model.arm(None)  # a call that never streamed must not leave the tap armed for the next one
         if run is None or not run.answer or run.fed:
             return
         # an answer that was not streamed (ainvoke without a streaming handler): judged whole
@@ -370,6 +371,7 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._runs.pop(run_id, None)
+        _model.arm(None)
 
     # --- retrievers ---------------------------------------------------------------------------------
     def on_retriever_start(
