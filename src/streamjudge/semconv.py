@@ -25,6 +25,8 @@ SPAN_TYPE_NODE: Final = "node"
 # --- stream span ---------------------------------------------------------------------------------
 STREAM_ID: Final = "streamjudge.stream.id"
 STREAM_TTFT_MS: Final = "streamjudge.stream.time_to_first_token_ms"
+# time to first token counted from the request's start (STREAM_TTFT_MS counts from the answer node's)
+STREAM_TTFT_REQUEST_MS: Final = "streamjudge.stream.time_to_first_token_from_request_ms"
 STREAM_TOKENS: Final = "streamjudge.stream.tokens"
 STREAM_CHARS: Final = "streamjudge.stream.chars"
 STREAM_CHECKPOINTS: Final = "streamjudge.stream.checkpoints"
