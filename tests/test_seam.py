@@ -281,7 +281,7 @@ def test_configure_twice_keeps_judging_and_exporting() -> None:
         second.shutdown()
 
 
-def test_an_unsampled_trace_is_judged_live_but_holds_no_span(harness: Harness) -> None:
+def test_a_trace_the_tracing_sampler_dropped_is_not_judged_and_never_waits(harness: Harness) -> None:
     rt = harness.configure(SentenceJudge(), preflight=False)
     parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(0xABC, 0xDEF, is_remote=True,
                                                                     trace_flags=TraceFlags(0))))
@@ -296,9 +296,12 @@ def test_an_unsampled_trace_is_judged_live_but_holds_no_span(harness: Harness) -
         service = rt.service
 
     Backend.tracer = tracer  # type: ignore[attr-defined]
+    judge = rt.judge_for("checkpoint")
+    assert isinstance(judge, SentenceJudge)
     events = _consume(streamjudge.guard(_words(answer), question="sky", contexts=CONTEXTS, context=parent,
                                         runtime=Backend()))  # type: ignore[arg-type]
-    assert warnings(events), "the reader is protected whatever the tracing sample"
+    assert answer_text(events).strip() == answer and events[-1].type == "done"
+    assert judge.items == [], "sampling is decided once at the start: a dropped trace is not judged"
     assert rt.processor.held == 0
 
 

@@ -374,7 +374,8 @@ class StreamJudgeMiddleware:
                 # the hot path: forward whole frames, then whatever the guard has to say
                 if complete:
                     await send_body(complete, True)
-                if binding.has_events:
+                # never inside an app frame that is still passing through (one over the parser's cap)
+                if binding.has_events and not (parser is not None and parser.pending):
                     await send_events(binding.take_events())
                 if binding.stopped:
                     await end_body()

@@ -203,8 +203,8 @@ class GuardSession:
         ctx = span.get_span_context()
         self._span_id = ctx.span_id
         self._trace_id = ctx.trace_id
-        # an unsampled trace reaches no processor: its spans carry no results, but the stream is still
-        # judged live (the actions protect the reader whatever the tracing sample)
+        # a trace the tracing sampler dropped (a client's ``traceparent: ...-00``) reaches no processor: it
+        # counts as sampled out, decided here once, so nothing waits for verdicts and nothing is held
         self._recording = span.is_recording()
         self._stream_hex = format(ctx.span_id, "016x")
         span.set_attribute(semconv.STREAM_ID, self._stream_hex)
@@ -225,7 +225,7 @@ class GuardSession:
         if self.question is not None and settings.capture_content:
             span.set_attribute(semconv.STREAM_QUESTION, self.question)
             span.set_attribute(semconv.INPUT_VALUE, self.question)
-        if not backend.service.sampled(self._trace_id):
+        if not self._recording or not backend.service.sampled(self._trace_id):
             self._judging = False
             self._unjudged_status = "sampled_out"
             span.set_attribute(semconv.EVAL_STATUS, "sampled_out")
