@@ -242,185 +242,11 @@ class StreamJudgeMiddleware:
             await self.app(scope, receive, send)
             return
         binding = bound
-        events_on = self._client_events
-        parser: SSEParser | None = None
-        line_buf = b""
-        mode: FrameKind | None = None
-        started = False
-        ended = False  # the body was ended by a stop: later sends of the app are dropped
-        body_done = False  # the last body message went out
-        # created now, not at the response start: a response may wait in receive() before it starts
-        stop_wake = asyncio.Event()
-        sse_style: FrameKind = "sse"  # "sse-data" once the app's first frame turns out data-only
-        styled = False
-        extract = self._extract
-        path = self._path
-        terminal = self._terminal
+        response = _HttpResponse(self, binding, receive, send)
         outcome = "completed"
-
-        async def send_body(body: bytes, more: bool) -> None:
-            await send({"type": "http.response.body", "body": body, "more_body": more})
-
-        async def send_events(events: list[StreamEvent]) -> None:
-            assert mode is not None
-            for frame in self._render(events, sse_style if mode == "sse" else mode):
-                body = frame.encode() if isinstance(frame, str) else frame
-                if isinstance(body, bytes | bytearray):
-                    await send_body(bytes(body), True)
-
-        async def end_body() -> None:
-            nonlocal ended
-            ended = True
-            await send_body(b"", False)
-            stop_wake.set()  # tells the response a "disconnect" happened, so it stops producing
-
-        def split_ndjson(body: bytes) -> tuple[bytes, int]:
-            # whole lines only (a reader cannot use half a line); the terminal line's offset or -1
-            nonlocal line_buf
-            data = line_buf + body if line_buf else body
-            cut = data.rfind(b"\n") + 1
-            line_buf = data[cut:]
-            complete = data[:cut]
-            feed = binding.source != "graph"
-            check = bool(terminal.types)
-            if not complete or not (feed or check):
-                return complete, -1
-            pos = 0
-            for line in complete.split(b"\n")[:-1]:
-                at = pos
-                pos += len(line) + 1
-                maybe_terminal = check and terminal.may_be_json(line)
-                if not line.strip() or not (feed or maybe_terminal):
-                    continue
-                try:
-                    payload = json.loads(line)
-                except (ValueError, RecursionError):  # RecursionError: JSON nested too deeply
-                    continue
-                if maybe_terminal and terminal.json(payload):
-                    return complete, at
-                if feed:
-                    tok = extract_from_json(payload, path)
-                    if tok:
-                        binding.feed(tok, "body")
-            return complete, -1
-
-        async def pass_through(message: Message) -> None:
-            # client events off: the app's messages go out as they are; tokens are only read from them
-            nonlocal body_done
-            body = message.get("body", b"")
-            more = message.get("more_body", False)
-            if body and binding.source != "graph" and not binding.closed:
-                if parser is not None:
-                    for f in parser.feed_split(body, True)[1]:
-                        tok = extract(f)
-                        if tok:
-                            binding.feed(tok, "body")
-                elif mode == "ndjson":
-                    split_ndjson(bytes(body))
-                elif mode == "text" and (more or binding.source == "body"):  # a streamed text body
-                    binding.feed(bytes(body).decode("utf-8", "replace"), "body")
-            await send(message)
-            if more and binding.stopped and binding.source == "body":
-                await end_body()
-                return
-            if not more:
-                body_done = True
-                if binding.session is not None:
-                    await finish_stream(binding)  # verdicts in flight land on the span; nothing is sent
-
-        async def wrapped_send(message: Message) -> None:
-            nonlocal mode, parser, started, line_buf, body_done, sse_style, styled
-            if ended:
-                return
-            mtype = message["type"]
-            if mtype == "http.response.body" and mode is not None and not events_on:
-                await pass_through(message)
-                return
-            if mode == "sse" and not styled and message.get("body"):
-                styled = True
-                head = bytes(message["body"]).lstrip()
-                if head.startswith(b"data:"):
-                    sse_style = "sse-data"
-            if mtype == "http.response.start":
-                mode = _mode_for(message.get("headers"))
-                started = True
-                if mode == "sse":
-                    parser = SSEParser(terminal.sse if terminal else None,
-                                       terminal.may_be_sse if terminal else None)
-                await send(message)
-                return
-            if mtype != "http.response.body" or mode is None:
-                await send(message)
-                return
-            body = message.get("body", b"")
-            more = message.get("more_body", False)
-            at = -1  # where the app's terminal frame starts in ``complete``
-            if parser is not None:
-                # the graph's callbacks deliver the tokens: frames are parsed only to find the terminal one
-                from_body = binding.source != "graph"
-                complete, frames, at = parser.feed_split(body, from_body) if body else (b"", [], -1)
-                if from_body:
-                    for f in frames:
-                        tok = extract(f)
-                        if tok:
-                            binding.feed(tok, "body")
-            elif mode == "ndjson":
-                complete, at = split_ndjson(bytes(body)) if body else (b"", -1)
-            else:
-                complete = bytes(body)
-                if body and binding.source != "graph" and (more or binding.source == "body"):
-                    binding.feed(complete.decode("utf-8", "replace"), "body")
-            if at < 0 and more:
-                # the hot path: forward whole frames, then whatever the guard has to say
-                if complete:
-                    await send_body(complete, True)
-                # never inside an app frame that is still passing through (one over the parser's cap)
-                if binding.has_events and not (parser is not None and parser.pending):
-                    await send_events(binding.take_events())
-                if binding.stopped:
-                    await end_body()
-                return
-            # the app's terminal frame or the body's end: the stream's last events go out before either
-            held = b""
-            if at >= 0:
-                complete, held = complete[:at], complete[at:]
-            if not more:
-                held += parser.flush() if parser is not None else line_buf
-                line_buf = b""
-            if complete:
-                await send_body(complete, True)
-            if binding.session is not None:
-                await send_events(await finish_stream(binding))
-            elif at >= 0:
-                binding.finish()  # the answer is over: later frames start nothing new
-            if held or not more:
-                body_done = not more
-                await send_body(held, more)
-
-        async def wrapped_receive() -> Message:
-            if started and mode is None:
-                return await receive()  # not a stream: nothing to watch
-            # a streaming response listens for the client going away; a stop must look like that too
-            if stop_wake.is_set():
-                return {"type": "http.disconnect"}
-            recv = asyncio.ensure_future(receive())
-            waiter = asyncio.ensure_future(stop_wake.wait())
-            try:
-                await asyncio.wait({recv, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                if not recv.done():
-                    recv.cancel()
-            if recv.done() and not recv.cancelled():
-                message = recv.result()
-                if message["type"] == "http.disconnect" and not ended and not body_done:
-                    binding.abort("disconnected")
-                return message
-            return {"type": "http.disconnect"}
-
         token = otel_context.attach(trace.set_span_in_context(own_span)) if own_span is not None else None
         try:
-            await self.app(scope, wrapped_receive, wrapped_send)
+            await self.app(scope, response.receive, response.send)
         except asyncio.CancelledError:
             outcome = "disconnected"
             raise
@@ -451,75 +277,11 @@ class StreamJudgeMiddleware:
             await self.app(scope, receive, send)
             return
         binding = bound
-        events_on = self._client_events
-        extract_path = self._path
-        swallow = False  # after a stop: drop the rest of this answer until the app's done message
-
-        async def send_events(events: list[StreamEvent]) -> None:
-            for frame in self._render(events, "websocket"):
-                if isinstance(frame, Mapping):
-                    await send({"type": "websocket.send", "text": json.dumps(frame, default=str)})
-                elif isinstance(frame, str):
-                    await send({"type": "websocket.send", "text": frame})
-                elif isinstance(frame, bytes | bytearray):
-                    await send({"type": "websocket.send", "bytes": bytes(frame)})
-
-        async def wrapped_send(message: Message) -> None:
-            nonlocal swallow
-            mtype = message["type"]
-            if mtype == "websocket.send":
-                text = message.get("text")
-                if text is None and message.get("bytes") is not None:
-                    text = bytes(message["bytes"]).decode("utf-8", "replace")
-                payload: Any = None
-                if text and text[0] == "{":
-                    try:
-                        payload = json.loads(text)
-                    except ValueError:
-                        payload = None
-                    except RecursionError:  # JSON nested too deeply to read: pass it on, no token
-                        await send(message)
-                        return
-                event = json_event_name(payload)
-                if event in DONE_EVENTS or (payload is not None and self._terminal.json(payload)):
-                    swallow = False
-                    if not events_on:
-                        await send(message)
-                    if binding.session is not None:
-                        await send_events(await finish_stream(binding))
-                    binding.closed = False
-                    binding.source = None
-                    binding.node_start_ns = 0
-                    if events_on:
-                        await send(message)
-                    return
-                tok = extract_from_json(payload, extract_path) if payload is not None else text
-                if swallow and tok and events_on:
-                    return
-                if tok and binding.source != "graph":
-                    binding.feed(tok, "body")
-                await send(message)
-                if binding.has_events:
-                    await send_events(binding.take_events())
-                if binding.stopped:
-                    swallow = True
-                return
-            if mtype == "websocket.close" and binding.session is not None:
-                await send_events(await finish_stream(binding, wait_s=0.0))
-            await send(message)
-
-        async def wrapped_receive() -> Message:
-            message = await receive()
-            if message["type"] == "websocket.disconnect":
-                binding.abort("disconnected")
-            elif message["type"] == "websocket.receive" and binding.session is None:
-                binding.request_start_ns = time.time_ns()  # the next answer is asked for now
-            return message
-
+        socket = _WebSocket(self, binding, receive, send)
         token = otel_context.attach(trace.set_span_in_context(own_span)) if own_span is not None else None
         outcome = "completed"
         try:
-            await self.app(scope, wrapped_receive, wrapped_send)
+            await self.app(scope, socket.receive, socket.send)
         except BaseException:
             outcome = "error"
             raise
@@ -535,3 +297,270 @@ class StreamJudgeMiddleware:
             if own_span is not None:
                 own_span.end()
 
+
+class _HttpResponse:
+    """One watched HTTP response: reads the answer's tokens from its body (when no graph feeds them),
+    injects the guard's events between whole frames when client events are on, holds the app's terminal
+    frame until the last verdicts are in, and makes a stop look like a client disconnect to the app."""
+
+    def __init__(
+        self, mw: StreamJudgeMiddleware, binding: StreamBinding, receive: Receive, send: Send
+    ) -> None:
+        self._mw = mw
+        self._binding = binding
+        self._receive = receive
+        self._send = send
+        self._events_on = mw._client_events
+        self._extract = mw._extract
+        self._path = mw._path
+        self._terminal = mw._terminal
+        self._parser: SSEParser | None = None
+        self._line_buf = b""
+        self._mode: FrameKind | None = None
+        self._started = False
+        self._ended = False  # the body was ended by a stop: later sends of the app are dropped
+        self._body_done = False  # the last body message went out
+        # created now, not at the response start: a response may wait in receive() before it starts
+        self._stop_wake = asyncio.Event()
+        self._sse_style: FrameKind = "sse"  # "sse-data" once the app's first frame turns out data-only
+        self._styled = False
+
+    async def _send_body(self, body: bytes, more: bool) -> None:
+        await self._send({"type": "http.response.body", "body": body, "more_body": more})
+
+    async def _send_events(self, events: list[StreamEvent]) -> None:
+        assert self._mode is not None
+        for frame in self._mw._render(events, self._sse_style if self._mode == "sse" else self._mode):
+            body = frame.encode() if isinstance(frame, str) else frame
+            if isinstance(body, bytes | bytearray):
+                await self._send_body(bytes(body), True)
+
+    async def _end_body(self) -> None:
+        self._ended = True
+        await self._send_body(b"", False)
+        self._stop_wake.set()  # tells the response a "disconnect" happened, so it stops producing
+
+    def _split_ndjson(self, body: bytes) -> tuple[bytes, int]:
+        # whole lines only (a reader cannot use half a line); the terminal line's offset or -1
+        binding, terminal = self._binding, self._terminal
+        data = self._line_buf + body if self._line_buf else body
+        cut = data.rfind(b"\n") + 1
+        self._line_buf = data[cut:]
+        complete = data[:cut]
+        feed = binding.source != "graph"
+        check = bool(terminal.types)
+        if not complete or not (feed or check):
+            return complete, -1
+        pos = 0
+        for line in complete.split(b"\n")[:-1]:
+            at = pos
+            pos += len(line) + 1
+            maybe_terminal = check and terminal.may_be_json(line)
+            if not line.strip() or not (feed or maybe_terminal):
+                continue
+            try:
+                payload = json.loads(line)
+            except (ValueError, RecursionError):  # RecursionError: JSON nested too deeply
+                continue
+            if maybe_terminal and terminal.json(payload):
+                return complete, at
+            if feed:
+                tok = extract_from_json(payload, self._path)
+                if tok:
+                    binding.feed(tok, "body")
+        return complete, -1
+
+    async def _pass_through(self, message: Message) -> None:
+        # client events off: the app's messages go out as they are; tokens are only read from them
+        binding = self._binding
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        if body and binding.source != "graph" and not binding.closed:
+            if self._parser is not None:
+                for f in self._parser.feed_split(body, True)[1]:
+                    tok = self._extract(f)
+                    if tok:
+                        binding.feed(tok, "body")
+            elif self._mode == "ndjson":
+                self._split_ndjson(bytes(body))
+            elif self._mode == "text" and (more or binding.source == "body"):  # a streamed text body
+                binding.feed(bytes(body).decode("utf-8", "replace"), "body")
+        await self._send(message)
+        if more and binding.stopped and binding.source == "body":
+            await self._end_body()
+            return
+        if not more:
+            self._body_done = True
+            if binding.session is not None:
+                await finish_stream(binding)  # verdicts in flight land on the span; nothing is sent
+
+    async def send(self, message: Message) -> None:
+        """The app's ``send``."""
+        if self._ended:
+            return
+        binding, terminal = self._binding, self._terminal
+        mtype = message["type"]
+        if mtype == "http.response.body" and self._mode is not None and not self._events_on:
+            await self._pass_through(message)
+            return
+        if self._mode == "sse" and not self._styled and message.get("body"):
+            self._styled = True
+            head = bytes(message["body"]).lstrip()
+            if head.startswith(b"data:"):
+                self._sse_style = "sse-data"
+        if mtype == "http.response.start":
+            self._mode = _mode_for(message.get("headers"))
+            self._started = True
+            if self._mode == "sse":
+                self._parser = SSEParser(terminal.sse if terminal else None,
+                                         terminal.may_be_sse if terminal else None)
+            await self._send(message)
+            return
+        if mtype != "http.response.body" or self._mode is None:
+            await self._send(message)
+            return
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        parser = self._parser
+        at = -1  # where the app's terminal frame starts in ``complete``
+        if parser is not None:
+            # the graph's callbacks deliver the tokens: frames are parsed only to find the terminal one
+            from_body = binding.source != "graph"
+            complete, frames, at = parser.feed_split(body, from_body) if body else (b"", [], -1)
+            if from_body:
+                for f in frames:
+                    tok = self._extract(f)
+                    if tok:
+                        binding.feed(tok, "body")
+        elif self._mode == "ndjson":
+            complete, at = self._split_ndjson(bytes(body)) if body else (b"", -1)
+        else:
+            complete = bytes(body)
+            if body and binding.source != "graph" and (more or binding.source == "body"):
+                binding.feed(complete.decode("utf-8", "replace"), "body")
+        if at < 0 and more:
+            # the hot path: forward whole frames, then whatever the guard has to say
+            if complete:
+                await self._send_body(complete, True)
+            # never inside an app frame that is still passing through (one over the parser's cap)
+            if binding.has_events and not (parser is not None and parser.pending):
+                await self._send_events(binding.take_events())
+            if binding.stopped:
+                await self._end_body()
+            return
+        # the app's terminal frame or the body's end: the stream's last events go out before either
+        held = b""
+        if at >= 0:
+            complete, held = complete[:at], complete[at:]
+        if not more:
+            held += parser.flush() if parser is not None else self._line_buf
+            self._line_buf = b""
+        if complete:
+            await self._send_body(complete, True)
+        if binding.session is not None:
+            await self._send_events(await finish_stream(binding))
+        elif at >= 0:
+            binding.finish()  # the answer is over: later frames start nothing new
+        if held or not more:
+            self._body_done = not more
+            await self._send_body(held, more)
+
+    async def receive(self) -> Message:
+        """The app's ``receive``: a stop looks like the client going away."""
+        if self._started and self._mode is None:
+            return await self._receive()  # not a stream: nothing to watch
+        # a streaming response listens for the client going away; a stop must look like that too
+        if self._stop_wake.is_set():
+            return {"type": "http.disconnect"}
+        recv = asyncio.ensure_future(self._receive())
+        waiter = asyncio.ensure_future(self._stop_wake.wait())
+        try:
+            await asyncio.wait({recv, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not recv.done():
+                recv.cancel()
+        if recv.done() and not recv.cancelled():
+            message = recv.result()
+            if message["type"] == "http.disconnect" and not self._ended and not self._body_done:
+                self._binding.abort("disconnected")
+            return message
+        return {"type": "http.disconnect"}
+
+
+class _WebSocket:
+    """One watched WebSocket: each message's token feeds the stream, the app's done message ends an answer
+    (after its last verdicts), and after a stop the rest of that answer is dropped."""
+
+    def __init__(
+        self, mw: StreamJudgeMiddleware, binding: StreamBinding, receive: Receive, send: Send
+    ) -> None:
+        self._mw = mw
+        self._binding = binding
+        self._receive = receive
+        self._send = send
+        self._events_on = mw._client_events
+        self._swallow = False  # after a stop: drop the rest of this answer until the app's done message
+
+    async def _send_events(self, events: list[StreamEvent]) -> None:
+        for frame in self._mw._render(events, "websocket"):
+            if isinstance(frame, Mapping):
+                await self._send({"type": "websocket.send", "text": json.dumps(frame, default=str)})
+            elif isinstance(frame, str):
+                await self._send({"type": "websocket.send", "text": frame})
+            elif isinstance(frame, bytes | bytearray):
+                await self._send({"type": "websocket.send", "bytes": bytes(frame)})
+
+    async def send(self, message: Message) -> None:
+        """The app's ``send``."""
+        binding = self._binding
+        mtype = message["type"]
+        if mtype == "websocket.send":
+            text = message.get("text")
+            if text is None and message.get("bytes") is not None:
+                text = bytes(message["bytes"]).decode("utf-8", "replace")
+            payload: Any = None
+            if text and text[0] == "{":
+                try:
+                    payload = json.loads(text)
+                except ValueError:
+                    payload = None
+                except RecursionError:  # JSON nested too deeply to read: pass it on, no token
+                    await self._send(message)
+                    return
+            event = json_event_name(payload)
+            if event in DONE_EVENTS or (payload is not None and self._mw._terminal.json(payload)):
+                self._swallow = False
+                if not self._events_on:
+                    await self._send(message)
+                if binding.session is not None:
+                    await self._send_events(await finish_stream(binding))
+                binding.closed = False
+                binding.source = None
+                binding.node_start_ns = 0
+                if self._events_on:
+                    await self._send(message)
+                return
+            tok = extract_from_json(payload, self._mw._path) if payload is not None else text
+            if self._swallow and tok and self._events_on:
+                return
+            if tok and binding.source != "graph":
+                binding.feed(tok, "body")
+            await self._send(message)
+            if binding.has_events:
+                await self._send_events(binding.take_events())
+            if binding.stopped:
+                self._swallow = True
+            return
+        if mtype == "websocket.close" and binding.session is not None:
+            await self._send_events(await finish_stream(binding, wait_s=0.0))
+        await self._send(message)
+
+    async def receive(self) -> Message:
+        """The app's ``receive``: a disconnect ends the answer stream."""
+        message = await self._receive()
+        if message["type"] == "websocket.disconnect":
+            self._binding.abort("disconnected")
+        elif message["type"] == "websocket.receive" and self._binding.session is None:
+            self._binding.request_start_ns = time.time_ns()  # the next answer is asked for now
+        return message
