@@ -141,6 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("demo", help="the built-in demo (same as python -m streamjudge.demo)").set_defaults(
         func=lambda _a: __import__("streamjudge.demo", fromlist=["main"]).main([])
     )
+    from streamjudge.worker import _cli as worker_cli  # light: the worker itself is imported on run
+
+    wp = sub.add_parser("worker", help="judge deferred final passes of spans received over OTLP")
+    worker_cli.add_arguments(wp)
+    wp.set_defaults(func=worker_cli.run)
     args = parser.parse_args(argv)
     code: int = args.func(args)
     return code
