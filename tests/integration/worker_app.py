@@ -60,28 +60,36 @@ class Recorder(SpanProcessor):
             self.lines.append(line)
 
 
-async def _tokens(text: str) -> AsyncIterator[str]:
+async def _tokens(text: str, token_delay: float) -> AsyncIterator[str]:
     for word in text.split(" "):
         yield word + " "
-        await asyncio.sleep(0)
+        await asyncio.sleep(token_delay)
 
 
-async def _run(n: int, seed: int, delay: float) -> None:
+async def _trace(tracer: trace.Tracer, seed: int, i: int, token_delay: float) -> None:
+    answer = FABRICATED if (seed + i) % 4 == 0 else GROUNDED
+    with tracer.start_as_current_span("request", attributes={"app.seed": seed, "app.index": i}):
+        stream = streamjudge.guard(_tokens(answer, token_delay), question=QUESTION, contexts=list(CONTEXTS))
+        async for _event in stream:
+            pass
+
+
+async def _run(n: int, seed: int, delay: float, token_delay: float) -> None:
+    """Trace i starts at i * delay; streams overlap when a stream lasts longer than that."""
     tracer = trace.get_tracer("worker-app")
+    tasks = []
     for i in range(n):
-        answer = FABRICATED if (seed + i) % 4 == 0 else GROUNDED
-        with tracer.start_as_current_span("request", attributes={"app.seed": seed, "app.index": i}):
-            async for _event in streamjudge.guard(_tokens(answer), question=QUESTION, contexts=list(CONTEXTS)):
-                pass
-        if delay:
-            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(_trace(tracer, seed, i, token_delay)))
+        await asyncio.sleep(delay)
+    await asyncio.gather(*tasks)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--traces", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--delay", type=float, default=0.0, help="seconds between traces")
+    p.add_argument("--delay", type=float, default=0.0, help="seconds between trace starts")
+    p.add_argument("--token-delay", type=float, default=0.0, help="seconds between tokens of a stream")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     recorder = Recorder()
@@ -91,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = streamjudge.load_settings(final_pass="deferred", preflight=False, end_wait_s=0.5)
     rt = streamjudge.configure(settings, downstream=downstream, backends_from_env=False)
     started = time.monotonic()
-    asyncio.run(_run(args.traces, args.seed, args.delay))
+    asyncio.run(_run(args.traces, args.seed, args.delay, args.token_delay))
     rt.shutdown(timeout_millis=10_000)
     args.out.write_text("\n".join(recorder.lines) + "\n")
     summary: dict[str, Any] = {"traces": args.traces, "spans": len(recorder.lines),

@@ -83,7 +83,9 @@ def _scope(pb: PBScope, schema_url: str) -> InstrumentationScope:
 
 def _span(pb: PBSpan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
     trace_id = int.from_bytes(pb.trace_id, "big")
-    flags = TraceFlags(pb.flags & 0xFF)
+    # an exported span was sampled, whatever its flags say (the Python SDK sends only the is-remote bits);
+    # unsampled, the SDK's batch processor would drop it
+    flags = TraceFlags((pb.flags & 0xFF) | TraceFlags.SAMPLED)
     state = _trace_state(pb.trace_state)
     context = SpanContext(trace_id, int.from_bytes(pb.span_id, "big"), is_remote=False,
                           trace_flags=flags, trace_state=state)
