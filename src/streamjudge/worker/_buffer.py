@@ -169,10 +169,12 @@ class TraceBuffer:
                 out.append(self._pop(tid, "decision_wait"))
         return out
 
-    def drain(self) -> list[Release]:
-        """Everything held leaves (shutdown). Answers still being judged leave on their own, later."""
+    def drain(self, *, judging: bool = True) -> list[Release]:
+        """Held traces leave (shutdown); with ``judging=False`` only those not waiting for an answer's
+        outcome (the others then leave with their answer, judged or marked)."""
         with self._lock:
-            return [self._pop(tid, "shutdown") for tid in list(self._traces)]
+            return [self._pop(tid, "shutdown") for tid, t in list(self._traces.items())
+                    if judging or not t.judging]
 
     # --- inside the lock -----------------------------------------------------------------------------
 

@@ -403,7 +403,7 @@ class Worker:
                 _log.exception("streamjudge worker: stopping a receiver failed")
         if self._sweeper is not None:
             self._sweeper.join(timeout=2.0)
-        flushed = self.buffer.drain()
+        flushed = self.buffer.drain(judging=False)  # traces whose answer has not arrived: as they are
         self._export(flushed)
         # judging gets what is left of the deadline but a reserve for the export path
         reserve = min(2.0, budget * 0.3)
@@ -411,7 +411,9 @@ class Worker:
         before = dict(self.answer_counts())
         self.processor.set_shutdown_timeout(judging_ms)
         self.processor.close(close_downstream=False)  # drain the pool; leftovers exported as `shutdown`
-        self._export(self.buffer.drain())  # companions of answers that left during the drain already went
+        leftover = self.buffer.drain()  # nothing should be left: every answer had its outcome above
+        self._export(leftover)
+        flushed += leftover
         left_ms = max(1, int((deadline - time.monotonic()) * 1000))
         self._outbound.export.force_flush(left_ms)
         self._outbound.export.shutdown()
