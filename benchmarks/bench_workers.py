@@ -86,6 +86,13 @@ def _hwm_mb(pid: int) -> float:
     return 0.0
 
 
+def _answers(worker: WorkerProc) -> int:
+    """Deferred answers this worker has exported so far (its own counter)."""
+    prefix = semconv.METRIC_WORKER_ANSWERS.replace(".", "_") + "_total{"
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in worker.metrics().splitlines()
+               if line.startswith(prefix))
+
+
 def _apps(gateway_url: str, out_dir: Path, apps: int, per_app: int, delay: float) -> None:
     env = {**os.environ, **_env(OTEL_EXPORTER_OTLP_ENDPOINT=gateway_url)}
     procs = [
@@ -133,11 +140,13 @@ def run(n_workers: int, answers: int, concurrency: int, server: ScriptedLLMServe
         _wait(sink, 5, 60)
         sink.reset()
         cpu0 = {k: _cpu_s(p) for k, p in pids.items()}
+        handled0 = {w.name: _answers(w) for w in workers}
         # burst: all answers at once, the workers' queues absorb them
         _apps(gateway.otlp_http_url, log_dir, apps, answers // apps, 0.0)
         total = apps * (answers // apps)
         _wait(sink, total, 600)
         cpu1 = {k: _cpu_s(p) for k, p in pids.items()}
+        handled = {w.name: _answers(w) - handled0[w.name] for w in workers}
         stamps = list(sink.arrived.values())
         statuses: dict[str, int] = {}
         for span in sink.snapshot():
@@ -164,17 +173,23 @@ def run(n_workers: int, answers: int, concurrency: int, server: ScriptedLLMServe
             "paced_answers": len(delays),
             "delay_p50_ms": round(_pct(delays, 50), 1),
             "delay_p99_ms": round(_pct(delays, 99), 1),
-            "cpu_s_per_1000_answers": {k: round((cpu1[k] - cpu0[k]) / len(stamps) * 1000, 2) for k in pids},
+            # each process per 1,000 answers *it* handled (the gateway handles all of them)
+            "cpu_s_per_1000_answers": {
+                k: round((cpu1[k] - cpu0[k]) / max(1, handled.get(k, len(stamps))) * 1000, 2) for k in pids
+            },
+            "answers_per_worker": handled,
             "peak_rss_mb": {k: round(_hwm_mb(p), 1) for k, p in pids.items()},
         }
 
 
 def _line(r: dict[str, Any]) -> str:
     return (
-        f"{r['workers']} worker(s): {r['answers_per_s']:.1f} answers/s (ideal {r['ideal_answers_per_s']:.1f}, "
+        f"{r['workers']} worker(s): {r['answers_per_s']:.1f} answers/s "
+        f"(ideal {r['ideal_answers_per_s']:.1f}, "
         f"ratio {r['ratio_to_ideal']:.2f}); added delay p50 {r['delay_p50_ms']:.0f} ms, "
         f"p99 {r['delay_p99_ms']:.0f} ms; outcomes {r['statuses']}; "
-        f"CPU s/1000 answers {r['cpu_s_per_1000_answers']}; peak RSS MB {r['peak_rss_mb']}"
+        f"CPU s/1000 answers handled {r['cpu_s_per_1000_answers']} (answers {r['answers_per_worker']}); "
+        f"peak RSS MB {r['peak_rss_mb']}"
     )
 
 

@@ -260,6 +260,19 @@ def test_the_gateway_config_is_valid_for_the_real_collector_and_routes_by_trace_
     assert "nowhere" in refused.stderr
 
 
+def test_the_kubernetes_gateway_config_in_deploy_is_valid_for_the_real_collector(tmp_path: Path) -> None:
+    import yaml
+
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "gateway.yaml").read_text()) if d]
+    [config_map] = [d for d in docs if d["kind"] == "ConfigMap"]
+    config = tmp_path / "k8s-gateway.yaml"
+    config.write_text(config_map["data"]["config.yaml"])
+    proc = subprocess.run([str(collector_binary()), "validate", "--config", str(config)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "k8s" in yaml.safe_load(config.read_text())["exporters"]["load_balancing"]["resolver"]
+
+
 def test_300_traces_from_3_apps_every_answer_judged_once_each_trace_at_one_worker(
     scale_out: ScaleOut, tmp_path: Path
 ) -> None:
