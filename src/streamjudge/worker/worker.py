@@ -205,6 +205,8 @@ class Worker:
         self._outcomes: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._idle = threading.Condition()  # requests being ingested: shutdown waits for them
+        self._inflight = 0
         self._sweeper: threading.Thread | None = None
         self._receivers: list[object] = []
         self.http_port: int | None = None
@@ -242,6 +244,16 @@ class Worker:
 
     def ingest(self, request: ExportTraceServiceRequest) -> int:
         """Take the spans of one OTLP export request. Returns how many were new."""
+        with self._idle:
+            self._inflight += 1
+        try:
+            return self._ingest(request)
+        finally:
+            with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()
+
+    def _ingest(self, request: ExportTraceServiceRequest) -> int:
         now = time.monotonic()
         new = 0
         out: list[Release] = []
@@ -403,6 +415,9 @@ class Worker:
                 _log.exception("streamjudge worker: stopping a receiver failed")
         if self._sweeper is not None:
             self._sweeper.join(timeout=2.0)
+        # a request that got past the receivers' check before the stop is held before the drain
+        with self._idle:
+            self._idle.wait_for(lambda: self._inflight == 0, timeout=max(0.0, deadline - time.monotonic()))
         flushed = self.buffer.drain(judging=False)  # traces whose answer has not arrived: as they are
         self._export(flushed)
         # judging gets what is left of the deadline but a reserve for the export path
