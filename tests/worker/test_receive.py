@@ -95,3 +95,23 @@ def test_a_stopping_worker_asks_the_sender_to_retry(running: tuple[Worker, InMem
     worker._stopping.set()  # shutdown has begun; the receivers are about to close
     assert _post(port, request(app_trace()).SerializeToString()) == 503
     assert out.get_finished_spans() == ()
+
+
+def test_the_worker_names_itself_unless_the_sdk_variables_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamjudge.worker.worker import _resource
+
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    assert _resource().attributes["service.name"] == "streamjudge-worker"
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "judges-eu")
+    assert _resource().attributes["service.name"] == "judges-eu"
+
+
+def test_metrics_are_pushed_over_otlp_unless_the_sdk_variable_says_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamjudge.worker.worker import otlp_metric_readers
+
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    assert otlp_metric_readers() == []
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+    [reader] = otlp_metric_readers()
+    reader.shutdown()

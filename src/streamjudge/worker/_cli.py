@@ -36,7 +36,7 @@ def _endpoint(raw: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT, then shut down within the deadline."""
     from streamjudge.config import ConfigError, load_settings
-    from streamjudge.worker.worker import Worker, WorkerOptions
+    from streamjudge.worker.worker import Worker, WorkerOptions, otlp_metric_readers
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
             max_spans=args.max_spans, max_bytes=args.max_bytes, decision_wait_s=args.decision_wait,
             shutdown_timeout_s=args.shutdown_timeout,
         )
-        worker = Worker(settings, options)
+        worker = Worker(settings, options, metric_readers=otlp_metric_readers())
     except (ConfigError, ValueError) as exc:
         print(f"streamjudge worker: {exc}", file=sys.stderr)
         return 2

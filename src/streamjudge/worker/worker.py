@@ -183,7 +183,7 @@ class Worker:
         self.prometheus = PrometheusText()
         self.meter_provider = MeterProvider(
             metric_readers=[self.prometheus, *metric_readers],
-            resource=resource or Resource.create({"service.name": "streamjudge-worker"}),
+            resource=resource or _resource(),
         )
         if export is None:
             export = batch_processor(exporter or otlp_span_exporter(), self.meter_provider)
@@ -448,6 +448,16 @@ class Worker:
         """Deferred answers exported so far, by outcome status."""
         with self._lock:
             return dict(self._outcomes)
+
+
+def _resource() -> Resource:
+    """The SDK's resource (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``), named
+    ``streamjudge-worker`` when those leave it unnamed. It labels the worker's metrics only: forwarded
+    spans keep their own application's resource."""
+    resource = Resource.create()
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": "streamjudge-worker"}))
+    return resource
 
 
 def _final_judge(settings: Settings) -> Judge:
