@@ -329,7 +329,10 @@ def test_a_killed_worker_loses_only_what_it_held_the_gateway_retries_the_rest(
 ) -> None:
     scale_out.clear()
     victim = scale_out.workers[1]
-    failures_before = scale_out.gateway.counter("otelcol_exporter_send_failed_spans")
+    gw = scale_out.gateway
+    failures_before = gw.counter("otelcol_exporter_send_failed_spans")
+    accepted_before = gw.counter("otelcol_receiver_accepted_spans")
+    handed_before = gw.counter("otelcol_exporter_sent_spans", exporter="load_balancing")
     apps, traces = 3, 60
     # streams of ~0.6s overlap (a new one every 50ms): the workers hold checkpoint spans of answers still
     # streaming in the apps, so the kill finds the victim holding traces
@@ -370,10 +373,17 @@ def test_a_killed_worker_loses_only_what_it_held_the_gateway_retries_the_rest(
     for key in judged:
         assert_answer_enriched(spans[key])
     lost_answers = len(answers) - len(judged)
+    # counted: the gateway's own counters say it accepted every span the apps sent and handed every one on
+    # to a worker; the sinks hold all but the lost ones: the difference is what died with the victim
+    accepted = gw.counter("otelcol_receiver_accepted_spans") - accepted_before
+    handed = gw.counter("otelcol_exporter_sent_spans", exporter="load_balancing") - handed_before
+    assert accepted == handed == len(sent)
+    assert len(set(received)) == handed - len(lost)
     # the statement of loss, exact (from the apps' own records) and bounded: never more than the traces
     # the victim was holding when it died
     print(
-        f"\nSIGKILL of {victim.name} (restarted after {restarted_after:.1f}s): {len(sent)} spans sent, "
+        f"\nSIGKILL of {victim.name} (restarted after {restarted_after:.1f}s): {len(sent)} spans sent, all "
+        f"accepted and handed on by the gateway (its counters: {accepted:.0f}, {handed:.0f}); "
         f"{len(lost)} lost in the victim's memory ({len(lost_traces)} traces, {lost_answers} answers never "
         f"judged); {len(bridged)} spans ended during the outage, queued by the gateway and delivered after "
         f"the restart; gateway send failures: 0; duplicates: 0"
