@@ -240,7 +240,7 @@ def assert_answer_enriched(span: SpanRecord) -> None:
 # --- tests ----------------------------------------------------------------------------------------
 
 
-def test_the_gateway_config_is_valid_for_the_real_collector_and_routes_by_trace_id() -> None:
+def test_the_gateway_config_is_valid_for_the_real_collector_and_routes_by_trace_id(tmp_path: Path) -> None:
     env = {**os.environ, "STREAMJUDGE_WORKER_ENDPOINTS": "[127.0.0.1:14317, 127.0.0.1:14318]"}
     proc = subprocess.run([str(collector_binary()), "validate", "--config", str(GATEWAY_CONFIG)],
                           capture_output=True, text=True, timeout=120, env=env, check=False)
@@ -249,13 +249,10 @@ def test_the_gateway_config_is_valid_for_the_real_collector_and_routes_by_trace_
     assert "routing_key: traceID" in text and "load_balancing:" in text
     # the check can fail: a resolver the exporter does not know is refused
     bad = GATEWAY_CONFIG.read_text().replace("static:", "nowhere:")
-    bad_path = Path(env.get("TMPDIR", "/tmp")) / f"gateway-bad-{os.getpid()}.yaml"
+    bad_path = tmp_path / "gateway-bad.yaml"
     bad_path.write_text(bad)
-    try:
-        refused = subprocess.run([str(collector_binary()), "validate", "--config", str(bad_path)],
-                                 capture_output=True, text=True, timeout=120, env=env, check=False)
-    finally:
-        bad_path.unlink()
+    refused = subprocess.run([str(collector_binary()), "validate", "--config", str(bad_path)],
+                             capture_output=True, text=True, timeout=120, env=env, check=False)
     assert refused.returncode != 0
     assert "nowhere" in refused.stderr
 

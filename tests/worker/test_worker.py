@@ -213,3 +213,24 @@ def test_the_decision_wait_sends_a_trace_on_without_its_answer(make_worker: Any,
     assert {ids(s) for s in out.spans()} == {ids(s) for s in waiting}
     text = worker.prometheus.render()
     assert f'{semconv.METRIC_WORKER_SPANS_RELEASED.replace(".", "_")}_total{{reason="decision_wait"}} 3' in text
+
+
+def test_over_its_span_bound_the_worker_sends_the_oldest_trace_on_unchanged_and_counts_it(
+    make_worker: Any, out: Out
+) -> None:
+    worker = make_worker(KeywordJudge(), WorkerOptions(http_endpoint=None, grpc_endpoint=None, max_spans=4))
+    full = app_trace()
+    first = [s for s in full if s.name != semconv.SPAN_STREAM]  # 3 spans: its answer is still streaming
+    second = app_trace(answer=False)
+    worker.ingest(request(first))
+    worker.ingest(request(second))
+    assert {ids(s) for s in out.spans()} == {ids(s) for s in first}
+    sent = {ids(s): s for s in first}
+    assert all(dict(s.attributes or {}) == dict(sent[ids(s)].attributes or {}) for s in out.spans())
+    text = worker.prometheus.render()
+    assert f'{semconv.METRIC_WORKER_SPANS_RELEASED.replace(".", "_")}_total{{reason="evicted_spans"}} 3' in text
+    # the evicted trace's answer, when it comes, is still judged: it carries what the judge needs
+    late = [s for s in full if s.name == semconv.SPAN_STREAM]
+    worker.ingest(request(late))
+    worker.service.force_flush(10_000)
+    assert [s.attributes[semconv.EVAL_STATUS] for s in out.answers()] == ["judged"]
