@@ -4,7 +4,7 @@ PY ?= python3
 CACHE ?= $(HOME)/.cache/streamjudge
 VENV ?= $(CACHE)/venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,langgraph,fastapi,llm,ragas,deepeval,langfuse,phoenix-otel
+EXTRAS ?= dev,langgraph,fastapi,llm,ragas,deepeval,langfuse,phoenix-otel,model
 # the dependency set is re-installed only when pyproject.toml or the extras change
 DEPS_STAMP := $(VENV)/.deps-$(shell (cat pyproject.toml; echo '$(EXTRAS)') | sha256sum | cut -c1-16)
 # mk/*.mk add their own prerequisites of `make test` to TEST_DEPS
@@ -41,7 +41,7 @@ lint: install
 	$(BIN)/mypy
 
 # every benchmark prints ratios against a baseline measured in the same run
-BENCHES ?= run.py bench_sentences.py bench_local_judge.py bench_judge_accuracy.py bench_judges.py bench_instrumentation.py
+BENCHES ?= run.py bench_sentences.py bench_local_judge.py bench_judge_accuracy.py bench_judges.py bench_instrumentation.py bench_model_judge.py
 bench: install
 	@set -e; for b in $(BENCHES); do echo "### benchmarks/$$b"; $(BIN)/python benchmarks/$$b; echo; done
 

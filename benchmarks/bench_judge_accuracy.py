@@ -1,16 +1,27 @@
-"""FaithBench (dev split): how well the ``local`` judge separates hallucinated summaries, and how fast.
+"""How well the ``local`` judge separates hallucinated answers from grounded ones, and how early it alerts.
 
-Reads ``../shared/benchdata/faithbench-dev/batch_*.json`` (relative to the repository root; ``--data`` to
-point elsewhere). Each sample's ``source`` is the single context, its ``summary`` the answer. A sample is
-hallucinated when any annotation label starts with ``Unwanted``. A judgement predicts "hallucinated" when
-its faithfulness score is below the threshold.
+Data (read in place from ``../shared/benchdata`` relative to the repository root; ``--data`` to point
+elsewhere, never copied into the repository):
 
-Reported: balanced accuracy of the local judge at ``--threshold`` (default 0.5), the best threshold on
-this split (tuned on the data it is scored on, so optimistic), the detectors stored in each sample's
-``metadata`` at threshold 0.5 for comparison, and the mean time per judgement (first pass, with context
-indexes shared between summaries of the same source, and a repeat pass served from the claim cache).
+* ``faithbench-dev/batch_*.json``: 250 summaries; each sample's ``source`` is the single context, its
+  ``summary`` the answer; hallucinated when any annotation label starts with ``Unwanted``. The scores
+  other detectors gave (stored in each sample's ``metadata``) are printed beside ours at their 0.5.
+* ``halueval-qa-dev/cases.jsonl``: 500 replay cases (question, one context, a right or a hallucinated
+  answer, ``expect_alert``).
 
-    python benchmarks/bench_judge_accuracy.py [--data DIR] [--threshold 0.5] [--json]
+A judgement predicts "hallucinated" when its faithfulness score, labelled at ``--threshold`` (default
+0.7, the package's default, chosen a priori), fails: the score is below the threshold or any of its
+sentences is (:meth:`Score.with_label`). A skipped judgement (no checkable claim) predicts "faithful".
+Reported: balanced accuracy, TPR (hallucinated caught) and TNR (grounded passed), on each data set.
+
+Earliness (FaithBench): each summary is streamed as checkpoints would send it, one sentence at a time
+(``EvalInput(answer=<new sentence>, prefix=<text before it>, kind="checkpoint")``); the first failing
+checkpoint is the alert. For the hallucinated summaries it reports how many are caught while streaming,
+how many characters after the start of the first annotated ``Unwanted`` span the alert came (the end
+of the alerting sentence; negative when an earlier sentence was flagged), and the share of the answer
+not yet streamed at that point.
+
+    python benchmarks/bench_judge_accuracy.py [--data DIR] [--threshold 0.7] [--json]
 """
 
 from __future__ import annotations
@@ -20,30 +31,38 @@ import json
 import os
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from streamjudge import semconv
-from streamjudge.judging.base import EvalInput
+from streamjudge.judging.base import EvalInput, Score
 from streamjudge.judging.judges.local import LocalJudge
+from streamjudge.sentences import split_sentences
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO.parent / "shared" / "benchdata" / "faithbench-dev"
+DEFAULT_DATA = REPO.parent / "shared" / "benchdata"
 DETECTORS = ("hhem-2.1", "trueteacher", "true_nli", "gpt-3.5-turbo", "gpt-4-turbo", "gpt_4o")
 QUESTION = "Summarize the passage."
+DEFAULT_THRESHOLD = 0.7  # the package's default faithfulness threshold, not fitted here
+F = (semconv.FAITHFULNESS,)
 
 
 def load(data_dir: Path) -> list[dict[str, Any]]:
-    """All samples of every ``batch_*.json`` under ``data_dir``, in file and sample order."""
+    """All FaithBench samples of every ``batch_*.json`` under ``data_dir``, in file and sample order."""
     files = sorted(data_dir.glob("batch_*.json"), key=lambda p: (len(p.name), p.name))
     if not files:
-        raise SystemExit(f"no batch_*.json under {data_dir} (use --data to point at the FaithBench split)")
+        raise SystemExit(f"no batch_*.json under {data_dir} (use --data to point at the benchmark data)")
     samples: list[dict[str, Any]] = []
     for f in files:
         samples.extend(json.loads(f.read_text(encoding="utf-8"))["samples"])
     return samples
+
+
+def load_halueval(path: Path) -> list[dict[str, Any]]:
+    """The HaluEval QA replay cases, one JSON object a line."""
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def hallucinated(sample: dict[str, Any]) -> bool:
@@ -53,115 +72,153 @@ def hallucinated(sample: dict[str, Any]) -> bool:
     )
 
 
-def balanced_accuracy(scores: Sequence[float], truth: Sequence[bool], threshold: float) -> float:
-    """Mean of recall on hallucinated (score < threshold) and on faithful (score >= threshold) samples."""
-    pos = [s for s, t in zip(scores, truth, strict=True) if t]
-    neg = [s for s, t in zip(scores, truth, strict=True) if not t]
-    if not pos or not neg:
-        return float("nan")
-    tpr = sum(s < threshold for s in pos) / len(pos)
-    tnr = sum(s >= threshold for s in neg) / len(neg)
-    return (tpr + tnr) / 2
+def first_unwanted(sample: dict[str, Any]) -> int | None:
+    """Where the first ``Unwanted`` span of a summary starts (annotators' spans merged), if any."""
+    starts = [
+        int(a["summary_start"])
+        for a in sample.get("annotations") or []
+        if a.get("summary_start") is not None
+        and any(str(label).startswith("Unwanted") for label in a["label"])
+    ]
+    return min(starts) if starts else None
 
 
-def best_threshold(scores: Sequence[float], truth: Sequence[bool]) -> tuple[float, float]:
-    """The threshold with the highest balanced accuracy on these very samples (ties: the lowest)."""
-    candidates = sorted({*scores, 1.0 + 1e-9})
-    best = (float("-inf"), 0.0)
-    for t in candidates:
-        ba = balanced_accuracy(scores, truth, t)
-        if ba > best[0]:
-            best = (ba, t)
-    return best[1], best[0]
+def rates(predicted: Sequence[bool], truth: Sequence[bool]) -> dict[str, float]:
+    """Balanced accuracy, TPR (hallucinated predicted hallucinated), TNR (faithful predicted faithful)."""
+    pos = [p for p, t in zip(predicted, truth, strict=True) if t]
+    neg = [p for p, t in zip(predicted, truth, strict=True) if not t]
+    tpr = sum(pos) / len(pos) if pos else float("nan")
+    tnr = (len(neg) - sum(neg)) / len(neg) if neg else float("nan")
+    return {"balanced_accuracy": (tpr + tnr) / 2, "tpr": tpr, "tnr": tnr, "n": float(len(truth))}
+
+
+def fails(score: Score | None, threshold: float) -> bool:
+    """The prediction "hallucinated": the labelled score fails (a skip never does)."""
+    return score is not None and score.value is not None and score.with_label(threshold).label == "fail"
+
+
+def judge_set(judge: LocalJudge, items: Sequence[EvalInput], truth: Sequence[bool],
+              threshold: float) -> dict[str, Any]:
+    """Judge every item as a final answer and sum the predictions up."""
+    scores = [judge.evaluate_sync(item, F).get(semconv.FAITHFULNESS) for item in items]
+    predicted = [fails(s, threshold) for s in scores]
+    out: dict[str, Any] = rates(predicted, truth)
+    out["skipped"] = sum(s is None or s.value is None for s in scores)
+    return out
+
+
+def earliness(judge: LocalJudge, samples: Sequence[dict[str, Any]], threshold: float) -> dict[str, Any]:
+    """Stream each hallucinated summary sentence by sentence; where does the first alert come?"""
+    caught = 0
+    late: list[int] = []  # chars from the first Unwanted span's start to the end of the alerting sentence
+    unseen: list[float] = []  # share of the answer not yet streamed at the alert
+    early = 0  # alerts on a sentence that ends before the first Unwanted span starts
+    total = 0
+    for s in samples:
+        onset = first_unwanted(s)
+        if not hallucinated(s) or onset is None:
+            continue
+        total += 1
+        summary = s["summary"]
+        for sent in split_sentences(summary):
+            item = EvalInput(QUESTION, (s["source"],), summary[sent.start : sent.end], kind="checkpoint",
+                             prefix=summary[: sent.start], offset=sent.start)
+            if fails(judge.evaluate_sync(item, F).get(semconv.FAITHFULNESS), threshold):
+                caught += 1
+                late.append(sent.end - onset)
+                early += sent.end <= onset
+                unseen.append((len(summary) - sent.end) / max(1, len(summary)))
+                break
+    return {
+        "hallucinated_with_span": total,
+        "caught_while_streaming": caught,
+        "alert_before_span": early,
+        "median_chars_after_onset": statistics.median(late) if late else None,
+        "median_share_not_streamed": statistics.median(unseen) if unseen else None,
+        "mean_share_not_streamed": statistics.fmean(unseen) if unseen else None,
+    }
 
 
 def run(data_dir: Path, threshold: float) -> dict[str, Any]:
-    """Judge every sample and gather the numbers the report prints."""
-    samples = load(data_dir)
+    """Judge both data sets and gather the numbers the report prints."""
     judge = LocalJudge()
-    metrics = (semconv.FAITHFULNESS,)
-    items = [
-        EvalInput(question=QUESTION, contexts=(s["source"],), answer=s["summary"], kind="answer")
-        for s in samples
-    ]
-    truth = [hallucinated(s) for s in samples]
+    report: dict[str, Any] = {"data": os.path.relpath(data_dir.resolve(), REPO), "threshold": threshold}
 
-    first_us: list[float] = []
-    values: list[float | None] = []
-    explanations: list[str] = []
-    for item in items:
-        t0 = time.perf_counter_ns()
-        result = judge.evaluate_sync(item, metrics)
-        first_us.append((time.perf_counter_ns() - t0) / 1000)
-        score = result.scores[0]
-        values.append(score.value)
-        explanations.append(score.explanation or score.skipped or "")
-    repeat_us: list[float] = []
-    for item in items:
-        t0 = time.perf_counter_ns()
-        judge.evaluate_sync(item, metrics)
-        repeat_us.append((time.perf_counter_ns() - t0) / 1000)
-
-    # a skipped judgement (no checkable claim) predicts "faithful": nothing was found to be unsupported
-    scores = [1.0 if v is None else v for v in values]
-    tuned_t, tuned_ba = best_threshold(scores, truth)
-    detectors: dict[str, dict[str, Any]] = {}
+    fb = load(data_dir / "faithbench-dev")
+    fb_items = [EvalInput(QUESTION, (s["source"],), s["summary"]) for s in fb]
+    fb_truth = [hallucinated(s) for s in fb]
+    detectors: dict[str, dict[str, float]] = {}
     for name in DETECTORS:
         pairs = [
-            (float(s["metadata"][name]), t)
-            for s, t in zip(samples, truth, strict=True)
+            (float(s["metadata"][name]) < 0.5, t)
+            for s, t in zip(fb, fb_truth, strict=True)
             if isinstance((s.get("metadata") or {}).get(name), int | float)
         ]
         if pairs:
-            detectors[name] = {
-                "balanced_accuracy": balanced_accuracy([p[0] for p in pairs], [p[1] for p in pairs], 0.5),
-                "n": len(pairs),
-            }
-    return {
-        "data": os.path.relpath(data_dir.resolve(), REPO),  # no machine-specific absolute path
-        "samples": len(samples),
-        "hallucinated": sum(truth),
-        "skipped": sum(v is None for v in values),
-        "local": {
-            "threshold": threshold,
-            "balanced_accuracy": balanced_accuracy(scores, truth, threshold),
-            "tuned_threshold": tuned_t,
-            "tuned_balanced_accuracy": tuned_ba,
-            "mean_score_hallucinated": statistics.fmean(s for s, t in zip(scores, truth, strict=True) if t),
-            "mean_score_faithful": statistics.fmean(s for s, t in zip(scores, truth, strict=True) if not t),
-            "mean_us_first_pass": statistics.fmean(first_us),
-            "p95_us_first_pass": sorted(first_us)[int(0.95 * (len(first_us) - 1))],
-            "mean_us_cached": statistics.fmean(repeat_us),
-        },
+            detectors[name] = rates([p for p, _ in pairs], [t for _, t in pairs])
+    report["faithbench"] = {
+        "samples": len(fb),
+        "hallucinated": sum(fb_truth),
+        "local": judge_set(judge, fb_items, fb_truth, threshold),
         "detectors_at_0.5": detectors,
+        "earliness": earliness(judge, fb, threshold),
     }
+
+    he_path = data_dir / "halueval-qa-dev" / "cases.jsonl"
+    if he_path.is_file():
+        he = load_halueval(he_path)
+        he_items = [EvalInput(c["question"], tuple(c["contexts"]), c["answer"]) for c in he]
+        he_truth = [bool(c["expect_alert"]) for c in he]
+        report["halueval"] = {
+            "samples": len(he),
+            "hallucinated": sum(he_truth),
+            "local": judge_set(judge, he_items, he_truth, threshold),
+        }
+    return report
+
+
+def _row(name: str, r: dict[str, float], threshold: float) -> str:
+    return (f"{name:<24} {threshold:>9.2f} {r['balanced_accuracy']:>8.3f} {r['tpr']:>6.3f} {r['tnr']:>6.3f} "
+            f"{int(r['n']):>5}")
 
 
 def print_table(report: dict[str, Any]) -> None:
     """A human-readable table of :func:`run`'s report."""
-    loc = report["local"]
-    print(f"FaithBench dev: {report['samples']} samples, {report['hallucinated']} hallucinated, "
-          f"{report['skipped']} without checkable claims (scored as faithful)")
-    print(f"{'detector':<36} {'threshold':>9} {'bal.acc':>8} {'n':>5}")
-    print("-" * 61)
-    n = report["samples"]
-    print(f"{'local':<36} {loc['threshold']:>9.3f} {loc['balanced_accuracy']:>8.3f} {n:>5}")
-    print(f"{'local (threshold tuned on this split)':<36} {loc['tuned_threshold']:>9.3f} "
-          f"{loc['tuned_balanced_accuracy']:>8.3f} {n:>5}")
-    for name, d in report["detectors_at_0.5"].items():
-        print(f"{name:<36} {0.5:>9.3f} {d['balanced_accuracy']:>8.3f} {d['n']:>5}")
-    print()
-    print(f"local mean score: hallucinated {loc['mean_score_hallucinated']:.3f}, "
-          f"faithful {loc['mean_score_faithful']:.3f}")
-    print(f"local time per judgement: mean {loc['mean_us_first_pass']:.0f} us first pass "
-          f"(p95 {loc['p95_us_first_pass']:.0f} us), {loc['mean_us_cached']:.0f} us with cached claims")
+    t = report["threshold"]
+    head = f"{'detector':<24} {'threshold':>9} {'bal.acc':>8} {'TPR':>6} {'TNR':>6} {'n':>5}"
+    fb = report["faithbench"]
+    print(f"FaithBench dev: {fb['samples']} summaries, {fb['hallucinated']} hallucinated; "
+          f"{fb['local']['skipped']} without checkable claims (scored as faithful)")
+    print(head)
+    print("-" * len(head))
+    print(_row("local", fb["local"], t))
+    for name, r in fb["detectors_at_0.5"].items():
+        print(_row(name, r, 0.5))
+    e = fb["earliness"]
+    print(f"streamed sentence by sentence: {e['caught_while_streaming']}/{e['hallucinated_with_span']} "
+          f"hallucinated summaries alerted ({e['alert_before_span']} on a sentence before the first "
+          f"Unwanted span)")
+    if e["median_chars_after_onset"] is not None:
+        print(f"  at the alert: median {e['median_chars_after_onset']:.0f} chars after the span's start, "
+              f"median {100 * e['median_share_not_streamed']:.0f}% (mean "
+              f"{100 * e['mean_share_not_streamed']:.0f}%) of the answer not yet streamed")
+    he = report.get("halueval")
+    if he is not None:
+        print()
+        print(f"HaluEval QA dev: {he['samples']} answers, {he['hallucinated']} hallucinated; "
+              f"{he['local']['skipped']} without checkable claims (scored as faithful)")
+        print(head)
+        print("-" * len(head))
+        print(_row("local", he["local"], t))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="directory with batch_*.json")
-    parser.add_argument("--threshold", type=float, default=0.5, help="faithfulness below this = hallucinated")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                        help="directory holding faithbench-dev/ and halueval-qa-dev/")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help="faithfulness below this = hallucinated")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
     report = run(args.data, args.threshold)

@@ -8,9 +8,10 @@ elsewhere) and records ``repr`` of every :class:`JudgeResult` (values, labels, e
 
 * every sample judged as a final answer on all metrics (its summary doubles as the reference), with a
   shared judge and with a fresh one;
-* every sample's summary as a growing checkpoint text, cut after every whitespace-delimited token;
+* every sample's summary as checkpoints send it: each sentence as the new text, the text before it as
+  the prefix;
 * chat-length streams (five consecutive summaries, their five sources as the contexts, as in
-  ``benchmarks/run.py``) as checkpoints after every token, then the final pass, on one judge;
+  ``benchmarks/run.py``) as checkpoints of one sentence each, then the final pass, on one judge;
 * the pre-flight gate (context precision) of each stream.
 
 The record file holds machine-independent data only; keep it outside the repository (for example under
@@ -33,6 +34,7 @@ from bench_judge_accuracy import load
 from streamjudge import semconv
 from streamjudge.judging.base import METRICS, EvalInput
 from streamjudge.judging.judges.local import LocalJudge
+from streamjudge.sentences import split_sentences
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "benchdata" / "faithbench-dev"
@@ -40,12 +42,10 @@ QUESTION = "Summarize the passage."
 F = (semconv.FAITHFULNESS,)
 
 
-def prefixes(text: str) -> Iterator[str]:
-    """``text`` cut after every whitespace run, then whole: how a running text grows token by token."""
-    for i in range(1, len(text)):
-        if text[i - 1].isspace() and not text[i].isspace():
-            yield text[:i]
-    yield text
+def checkpoints(text: str) -> Iterator[tuple[str, str]]:
+    """(prefix, new sentence) for every sentence of ``text``: what a checkpoint of one sentence sends."""
+    for s in split_sentences(text):
+        yield text[: s.start], text[s.start : s.end]
 
 
 def outputs(samples: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
@@ -56,9 +56,10 @@ def outputs(samples: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
         yield f"answer/{n}", repr(shared.evaluate_sync(item, METRICS))
         yield f"answer-fresh/{n}", repr(LocalJudge().evaluate_sync(item, METRICS))
     for n, s in enumerate(samples):
-        for k, text in enumerate(prefixes(s["summary"])):
-            item = EvalInput(QUESTION, (s["source"],), text, kind="checkpoint")
-            yield f"prefix/{n}/{k}", repr(shared.evaluate_sync(item, F))
+        for k, (prefix, new) in enumerate(checkpoints(s["summary"])):
+            item = EvalInput(QUESTION, (s["source"],), new, kind="checkpoint", prefix=prefix,
+                             offset=len(prefix))
+            yield f"checkpoint/{n}/{k}", repr(shared.evaluate_sync(item, F))
     for g in range(0, len(samples) - 4, 5):
         group = samples[g : g + 5]
         contexts = tuple(s["source"] for s in group)
@@ -66,8 +67,9 @@ def outputs(samples: list[dict[str, Any]]) -> Iterator[tuple[str, str]]:
         judge = LocalJudge()
         pre = EvalInput("Summarize the passages.", contexts, "", kind="preflight")
         yield f"stream/{g}/preflight", repr(judge.evaluate_sync(pre, (semconv.CONTEXT_PRECISION,)))
-        for k, text in enumerate(prefixes(answer)):
-            item = EvalInput("Summarize the passages.", contexts, text, kind="checkpoint")
+        for k, (prefix, new) in enumerate(checkpoints(answer)):
+            item = EvalInput("Summarize the passages.", contexts, new, kind="checkpoint", prefix=prefix,
+                             offset=len(prefix))
             yield f"stream/{g}/{k}", repr(judge.evaluate_sync(item, F))
         final = EvalInput("Summarize the passages.", contexts, answer, reference=group[0]["summary"])
         yield f"stream/{g}/final", repr(judge.evaluate_sync(final, METRICS))

@@ -8,6 +8,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+import pytest
+
 from _fakes import BrokenJudge, FlakyJudge, GatedJudge, KeywordJudge
 from streamjudge.judging.base import EvalInput, JudgeResult, Score
 from streamjudge.judging.pool import JobOutcome, JudgeJob, JudgePool
@@ -230,3 +232,55 @@ def test_fork_safe() -> None:
     os.waitpid(pid, 0)
     assert os.read(r, 100).decode() == "True:judged"
     pool.shutdown()
+
+
+def test_a_judge_error_that_echoes_a_key_is_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVAL_API_KEY", "sk-test-0123456789abcdef")
+
+    class Echo(KeywordJudge):
+        async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+            raise RuntimeError("401 Unauthorized: invalid key sk-test-0123456789abcdef")
+
+    got: list[JobOutcome] = []
+    pool = JudgePool()
+    try:
+        pool.submit(JudgeJob(Echo(), EvalInput("q", ("c",), "a"), ("faithfulness",), got.append))
+        assert pool.force_flush(5_000)
+    finally:
+        pool.shutdown(5_000)
+    (outcome,) = got
+    assert outcome.status == "error" and outcome.error
+    assert "0123456789abcdef" not in outcome.error
+
+
+def test_a_judge_raising_systemexit_gets_an_outcome_and_the_pool_goes_on() -> None:
+    class Exits(KeywordJudge):
+        async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+            raise SystemExit(3)
+
+    got: list[JobOutcome] = []
+    pool = JudgePool()
+    try:
+        pool.submit(JudgeJob(Exits(), EvalInput("q", ("c",), "a"), ("faithfulness",), got.append))
+        pool.submit(JudgeJob(KeywordJudge(), EvalInput("q", ("c",), "a"), ("faithfulness",), got.append))
+        assert pool.force_flush(5_000)
+        assert pool.depth == 0
+    finally:
+        pool.shutdown(5_000)
+    assert sorted(o.status for o in got) == ["error", "judged"]
+
+
+def test_a_result_whose_scores_are_not_scores_is_an_error() -> None:
+    class Wrong(KeywordJudge):
+        async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+            return JudgeResult("wrong", ({"name": "faithfulness", "value": 1.0},))  # type: ignore[arg-type]
+
+    got: list[JobOutcome] = []
+    pool = JudgePool()
+    try:
+        pool.submit(JudgeJob(Wrong(), EvalInput("q", ("c",), "a"), ("faithfulness",), got.append))
+        assert pool.force_flush(5_000)
+    finally:
+        pool.shutdown(5_000)
+    (outcome,) = got
+    assert outcome.status == "error" and "not a Score" in (outcome.error or "")

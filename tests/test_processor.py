@@ -90,6 +90,12 @@ def test_metrics_scores_alerts_latency_queue_depth_drops() -> None:
         names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
         assert {semconv.METRIC_SCORE, semconv.METRIC_ALERTS, semconv.METRIC_JUDGE_DURATION,
                 semconv.METRIC_QUEUE_DEPTH, semconv.METRIC_QUEUE_CAPACITY} <= names
+        # one vocabulary: the span type as on the spans, and what was judged
+        labels = {(p.attributes[semconv.SPAN_TYPE], p.attributes[semconv.EVAL_KIND])
+                  for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+                  if m.name == semconv.METRIC_SCORE for p in m.data.data_points}
+        assert labels <= {("checkpoint", "checkpoint"), ("stream", "answer"), ("stream", "preflight")}
+        assert ("stream", "answer") in labels
     finally:
         rt.shutdown()
 
@@ -138,3 +144,32 @@ def test_a_forked_worker_judges_its_own_streams() -> None:
         assert os.read(r, 100).decode() == "judged"
     finally:
         rt.shutdown()
+
+
+def test_a_span_whose_result_never_comes_is_exported_after_the_hold_timeout() -> None:
+    # a judge that blocks its thread (or ignores cancellation) never delivers: the span must still go out
+    import time as _time
+
+    from streamjudge.judging.processor import JudgeSpanProcessor
+    from streamjudge.results import EvalInput, JobOutcome, JudgeRequest
+
+    exporter = InMemorySpanExporter()
+    processor = JudgeSpanProcessor(downstream=SimpleSpanProcessor(exporter), hold_timeout_s=0.05)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    stuck = tracer.start_span("stuck")
+    processor.expect(stuck.get_span_context().span_id)
+    stuck.end()
+    assert exporter.get_finished_spans() == ()  # held for its result
+    _time.sleep(0.1)
+    later = tracer.start_span("later")
+    processor.expect(later.get_span_context().span_id)  # any later request sweeps overdue spans
+    (out,) = exporter.get_finished_spans()
+    assert out.name == "stuck" and out.attributes[semconv.EVAL_STATUS] == "timeout"
+    # the result that finally comes is dropped, not exported a second time
+    ctx = stuck.get_span_context()
+    req = JudgeRequest(item=EvalInput("q", (), "a"), metrics=(), thresholds={}, target_span_id=ctx.span_id,
+                       target_trace_id=ctx.trace_id)
+    processor.resolve(req, JobOutcome("judged"), ())
+    assert len(exporter.get_finished_spans()) == 1

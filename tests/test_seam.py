@@ -397,3 +397,48 @@ def test_a_deferred_final_pass_leaves_what_a_worker_needs_on_the_answer_span(har
     assert stream.attributes[semconv.STREAM_QUESTION] == "sky"
     # checkpoints are still judged live, the answer is not judged here
     assert all(i.kind == "checkpoint" for i in judge.items)
+
+
+def test_a_sampled_out_stream_splits_no_sentences_and_holds_nothing_back(harness: Harness) -> None:
+    harness.configure(SentenceJudge(), sample_rate=0.0, mode="hold_back")
+    answer = f"The sky is blue. Grass is {MARK} purple. Water is wet."
+    events = _consume(streamjudge.guard(_words(answer), question="sky", contexts=CONTEXTS))
+    assert answer_text(events).strip() == answer
+    assert not warnings(events)
+    spans = harness.spans()
+    assert not [s for s in spans if s.name == semconv.SPAN_CHECKPOINT], "no windows when nothing is judged"
+    (stream,) = [s for s in spans if s.name == semconv.SPAN_STREAM]
+    assert stream.attributes[semconv.EVAL_STATUS] == "sampled_out"
+    assert stream.attributes[semconv.STREAM_ANSWER].strip() == answer
+
+
+class _Raises:
+    name = "raises"
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        raise RuntimeError("judge down")
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_failed_evaluation_still_emits_its_result_event_with_an_error_type(harness: Harness) -> None:
+    harness.configure(_Raises(), preflight=False, max_retries=0)
+    _consume(streamjudge.guard(_words("The sky is blue."), question="sky", contexts=CONTEXTS))
+    (stream,) = [s for s in harness.spans() if s.name == semconv.SPAN_STREAM]
+    assert stream.attributes[semconv.EVAL_STATUS] == "error"
+    events = [e for e in stream.events if e.name == semconv.EVENT_EVALUATION_RESULT]
+    assert {e.attributes[semconv.GEN_AI_EVALUATION_NAME] for e in events} == set(Settings().final_metrics)
+    assert {e.attributes[semconv.ERROR_TYPE] for e in events} == {"error"}
+
+
+def test_streamjudge_spans_carry_openinference_kinds_and_input_output(harness: Harness) -> None:
+    harness.configure(SentenceJudge(), preflight=False)
+    _consume(streamjudge.guard(_words("The sky is blue."), question="What colour is the sky?", contexts=CONTEXTS))
+    spans = harness.spans()
+    (stream,) = [s for s in spans if s.name == semconv.SPAN_STREAM]
+    assert stream.attributes[semconv.OPENINFERENCE_SPAN_KIND] == "CHAIN"
+    assert stream.attributes[semconv.INPUT_VALUE] == "What colour is the sky?"
+    assert stream.attributes[semconv.OUTPUT_VALUE].strip() == "The sky is blue."
+    cps = [s for s in spans if s.name == semconv.SPAN_CHECKPOINT]
+    assert cps and {c.attributes[semconv.OPENINFERENCE_SPAN_KIND] for c in cps} == {"GUARDRAIL"}

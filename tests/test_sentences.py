@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import re
-import time
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamjudge import sentences as sentences_module
 from streamjudge.sentences import CheckpointPolicy, Sentence, SentenceBuffer, split_sentences
 
 
@@ -259,31 +261,58 @@ def test_run_on_without_whitespace_is_cut_at_the_limit() -> None:
     ]
 
 
-def test_a_one_megabyte_token_is_split_in_linear_time() -> None:
+class _Counting:
+    """Stands in for a compiled pattern of the buffer; counts the characters its searches examined."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self._pattern = pattern
+        self.chars = 0
+
+    def _count(self, m: re.Match[str] | None, s: str, pos: int, endpos: int) -> re.Match[str] | None:
+        self.chars += (m.end() if m is not None else min(endpos, len(s))) - pos
+        return m
+
+    def search(self, s: str, pos: int = 0, endpos: int = sys.maxsize) -> re.Match[str] | None:
+        return self._count(self._pattern.search(s, pos, endpos), s, pos, endpos)
+
+    def match(self, s: str, pos: int = 0, endpos: int = sys.maxsize) -> re.Match[str] | None:
+        return self._count(self._pattern.match(s, pos, endpos), s, pos, endpos)
+
+
+@pytest.fixture
+def scanned(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
+    """Characters examined by the buffer's scanner so far (a quadratic buffer re-reads its tail)."""
+    counters = []
+    for name in ("_CANDIDATE", "_NONSPACE", "_LAST_SPACE"):
+        counter = _Counting(getattr(sentences_module, name))
+        monkeypatch.setattr(sentences_module, name, counter)
+        counters.append(counter)
+    return lambda: sum(c.chars for c in counters)
+
+
+def test_a_one_megabyte_token_is_split_in_linear_time(scanned: Callable[[], int]) -> None:
     text = ("word " * 199 + "end") * 1000  # 1 MB, one token, no stop at all
-    started = time.perf_counter()
     buffer = SentenceBuffer(max_sentence_chars=1000)
     out = buffer.feed(text) + buffer.flush()
-    elapsed = time.perf_counter() - started
     assert len(text) == 998_000
     assert all(len(s.text) <= 1000 for s in out)
     assert "".join(s.text for s in out).replace(" ", "") == text.replace(" ", "")
-    assert elapsed < 2.0  # measured ~0.03 s; a quadratic buffer takes minutes
+    assert scanned() <= 3 * len(text)  # measured 2x (candidates, then the last space of each cut)
     no_space = SentenceBuffer(max_sentence_chars=1000)
     assert len(no_space.feed("x" * 1_000_000) + no_space.flush()) == 1000
+    assert scanned() <= 3 * len(text) + 3 * 1_000_000
 
 
-def test_one_char_tokens_with_many_stops_stay_linear() -> None:
+def test_one_char_tokens_with_many_stops_stay_linear(scanned: Callable[[], int]) -> None:
     # 210 kB, a candidate every few chars; two sentences per repeat ("ok. v1.2": lowercase, no end)
     text = "It is Dr. Smith. Yes... ok. v1.2 is 3.14! " * 5000
     buffer = SentenceBuffer()
-    started = time.perf_counter()
     count = 0
     for ch in text:
         count += len(buffer.feed(ch))
     count += len(buffer.flush())
-    assert time.perf_counter() - started < 10.0  # measured ~0.3 s
     assert count == 10000
+    assert scanned() <= len(text)  # measured len / 3: most stops are decided without a search
 
 
 def test_a_dotted_word_too_long_for_an_abbreviation_ends_the_sentence() -> None:
@@ -373,6 +402,67 @@ def test_any_chunking_gives_the_same_sentences_as_splitting_at_once(
     streamed.extend(buffer.flush())
     assert streamed == split_sentences(text, max_chars)
     assert buffer.text() == text and buffer.length == len(text)
+
+
+def test_a_stop_run_across_the_run_on_cut_is_decided_as_when_split_at_once() -> None:
+    # "..." straddles the cut at 1000: the part after the cut starts a new sentence, whose stops are
+    # decided afresh, however the text was chunked (a "\r1" token used to leave "." and "1" joined)
+    text = "a" * 998 + "..." + "\r1"
+    buffer = SentenceBuffer()
+    streamed = [*buffer.feed("a" * 998 + "..."), *buffer.feed("\r1"), *buffer.flush()]
+    assert streamed == split_sentences(text)
+    assert [s.text for s in streamed] == ["a" * 998 + "..", ".", "1"]
+    assert sentences(text) == ["a" * 998 + "..", ".", "1"]
+
+
+STOP_FRAGMENTS = [f for f in FRAGMENTS if any(c in f for c in ".!?…。！？\n")]
+
+
+def test_chunk_boundaries_at_every_position_around_the_run_on_cut_give_the_same_sentences() -> None:
+    # exhaustive over a stop construct just before / across / after the limit, one more fragment after
+    # it, and chunk boundaries at every position around the cut (hypothesis rarely hits one exact split)
+    limit = 12
+    for head in ("a" * 14, " a." * 5):
+        for reach in range(limit - 3, limit + 1):
+            for stop in STOP_FRAGMENTS:
+                for after in [*FRAGMENTS, "\r1"]:
+                    text = head[:reach] + stop + after
+                    whole = split_sentences(text, limit)
+                    for c in range(reach - 2, len(text)):
+                        for d in (c + 1, len(text)):
+                            buffer = SentenceBuffer(limit)
+                            streamed = [*buffer.feed(text[:c]), *buffer.feed(text[c:d]), *buffer.feed(text[d:])]
+                            assert [*streamed, *buffer.flush()] == whole, (text, c, d)
+
+
+# text that reaches the run-on limit: filler of about the limit's length, then the fragments, so that the
+# forced cut falls on every construct
+@st.composite
+def _texts_at_the_cut(draw: st.DrawFn) -> tuple[str, int]:
+    max_chars = draw(st.sampled_from([1000, 40, 12, 3]))
+    filler = draw(st.sampled_from(["a", "ab ", "x.", " "]))
+    reach = draw(st.integers(max(0, max_chars - 8), max_chars + 2))
+    head = (filler * (reach // len(filler) + 1))[:reach]
+    return head + draw(st.sampled_from(STOP_FRAGMENTS)) + draw(texts), max_chars
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=_texts_at_the_cut(), data=st.data())
+def test_any_chunking_around_the_run_on_cut_gives_the_same_sentences(
+    case: tuple[str, int], data: st.DataObject
+) -> None:
+    text, max_chars = case
+    # chunk boundaries anywhere, and most of them close to the limit, where the cut happens
+    near = st.integers(min(len(text), max(0, max_chars - 6)), min(len(text), max_chars + 10))
+    cuts = sorted(data.draw(st.sets(st.one_of(near, st.integers(0, len(text))), max_size=12)))
+    chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    buffer = SentenceBuffer(max_chars)
+    streamed: list[Sentence] = []
+    for chunk in chunks:
+        streamed.extend(buffer.feed(chunk))
+    streamed.extend(buffer.flush())
+    assert streamed == split_sentences(text, max_chars)
+    assert all(s.end - s.start <= max_chars for s in streamed)
 
 
 @settings(max_examples=400, deadline=None)

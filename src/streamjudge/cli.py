@@ -1,91 +1,231 @@
-"""The ``streamjudge`` command."""
+"""The ``streamjudge`` command: ``replay``, ``calibrate`` and ``demo``.
+
+Exit status: 0 when every expectation held, 1 when one did not (or balanced accuracy is below
+``--fail-under``), 2 when the input or a setting cannot be used (the message says which and how to fix it).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
-from streamjudge.config import ConfigError, load_settings
+from streamjudge._version import __version__
+from streamjudge.config import ConfigError, Settings, load_settings, parse_judge_name
+
+if TYPE_CHECKING:
+    from streamjudge.judging.base import Judge
+    from streamjudge.offline.replay import CaseResult, ReplayCase
+
+DEFAULT_CONCURRENCY = 4
 
 
-def _replay(args: argparse.Namespace) -> int:
-    from streamjudge.offline.replay import CaseError, load_cases, replay
+class _Exit(Exception):
+    """Stop the command with exit status 2 after printing ``message`` on stderr."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
+    """Settings from the environment (``STREAMJUDGE_JUDGE`` included); ``--judge`` wins over it."""
+    if args.judge is not None:
+        name = parse_judge_name("--judge", args.judge)
+        overrides.update(judge=name, checkpoint_judge=name)
+    return load_settings(**overrides)
+
+
+def _judges(settings: Settings, source: str) -> tuple[Judge, Judge]:
+    """Both judges, built now: a judge that cannot load stops the command (the app would fall back to
+    the local judge; an offline run must not quietly measure another judge than the one asked for)."""
+    from streamjudge.judging.judges import create_judge
+
+    built: list[Judge] = []
+    for tier, name in (("final", settings.judge), ("checkpoint", settings.checkpoint_judge_name)):
+        try:
+            built.append(create_judge(name, settings, tier=tier))  # type: ignore[arg-type]
+        except Exception as exc:
+            raise _Exit(f"the {tier} judge {name!r} ({source}) cannot be used: {exc}") from None
+    return built[0], built[1]
+
+
+def _judge_source(args: argparse.Namespace) -> str:
+    if args.judge is not None:
+        return "from --judge"
+    return "from STREAMJUDGE_JUDGE" if os.environ.get("STREAMJUDGE_JUDGE") else "the default"
+
+
+def _load(args: argparse.Namespace) -> list[ReplayCase]:
+    from streamjudge.offline.replay import CaseError, load_cases
 
     try:
-        cases = load_cases(args.cases)
+        return load_cases(args.cases)
+    except FileNotFoundError:
+        raise _Exit(f"{args.cases}: no such file") from None
     except (OSError, CaseError) as exc:
-        print(f"streamjudge replay: {exc}", file=sys.stderr)
-        return 2
-    overrides: dict[str, Any] = {"judge": args.judge, "checkpoint_judge": args.judge}
-    if args.threshold is not None:
-        overrides["threshold"] = args.threshold
-    try:
-        settings = load_settings(**overrides)
-    except ConfigError as exc:
-        print(f"streamjudge replay: {exc}", file=sys.stderr)
-        return 2
-    results = replay(cases, settings, chunk_size=args.chunk_size)
-    failed = [r for r in results if not r.passed]
+        raise _Exit(str(exc)) from None
+
+
+class _Progress:
+    """``[done/total]`` on stderr, redrawn in place; only when stderr is a terminal."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self.total = total
+        self.done = 0
+        self.stream = stream
+        self.on = stream.isatty()
+
+    def clear(self) -> None:
+        if self.on:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+    def draw(self) -> None:
+        if self.on and self.done < self.total:
+            self.stream.write(f"\rreplaying: {self.done}/{self.total} cases done")
+            self.stream.flush()
+
+    def step(self, emit: Callable[[], None]) -> None:
+        self.clear()
+        emit()
+        self.done += 1
+        self.draw()
+
+
+def _cut(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+_ROW = "{:<20} {:<6} {:<5} {:>6} {:>5} {:>5}  {:<6} {}"
+
+
+def _row(r: CaseResult) -> str:
+    exp = "-" if r.case.expect_alert is None else ("alert" if r.case.expect_alert else "ok")
+    faith = r.final.get("faithfulness")
+    return _ROW.format(
+        r.case.id[:20], exp, "yes" if r.fired else "no",
+        "-" if r.first_alert_char is None else r.first_alert_char,
+        "-" if faith is None else f"{faith:.2f}", r.checkpoints,
+        "PASS" if r.passed else "FAIL", _cut(r.reason, 70),
+    )
+
+
+def _summary(results: Sequence[CaseResult], settings: Settings) -> dict[str, Any]:
+    from streamjudge.offline.calibrate import ThresholdRow
+
     expected = [r for r in results if r.case.expect_alert is not None]
     tp = sum(1 for r in expected if r.fired and r.case.expect_alert)
     fp = sum(1 for r in expected if r.fired and not r.case.expect_alert)
     fn = sum(1 for r in expected if not r.fired and r.case.expect_alert)
-    summary = {
+    tn = sum(1 for r in expected if not r.fired and not r.case.expect_alert)
+    row = ThresholdRow(settings.threshold, tp, fp, fn, tn)
+
+    def rnd(v: float | None) -> float | None:
+        return None if v is None else round(v, 4)
+
+    failed = sum(1 for r in results if not r.passed)
+    return {
         "summary": True,
         "cases": len(results),
-        "passed": len(results) - len(failed),
-        "failed": len(failed),
+        "passed": len(results) - failed,
+        "failed": failed,
         "true_positives": tp,
         "false_positives": fp,
         "false_negatives": fn,
-        "precision": round(tp / (tp + fp), 4) if tp + fp else None,
-        "recall": round(tp / (tp + fn), 4) if tp + fn else None,
+        "true_negatives": tn,
+        "precision": rnd(row.precision),
+        "recall": rnd(row.recall),
+        "balanced_accuracy": rnd(row.balanced_accuracy),
         "judge": settings.judge,
+        "checkpoint_judge": settings.checkpoint_judge_name,
         "threshold": settings.threshold,
     }
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from streamjudge.offline.replay import replay
+
+    cases = _load(args)
+    overrides: dict[str, Any] = {}
+    if args.threshold is not None:
+        overrides["threshold"] = args.threshold
+    settings = _settings(args, **overrides)
+    final_judge, checkpoint_judge = _judges(settings, _judge_source(args))
+    print(f"streamjudge replay: {len(cases)} cases, judge={settings.judge} "
+          f"(checkpoints: {settings.checkpoint_judge_name}), threshold={settings.threshold}, "
+          f"{args.concurrency} at a time", file=sys.stderr)
+    progress = _Progress(len(cases), sys.stderr)
+    if not args.json:
+        head = ("id", "expect", "fired", "first@", "faith", "chkpt", "result", "reason")
+        print(_ROW.format(*head), flush=True)
+
+    def emit(r: CaseResult) -> None:
+        line = json.dumps(r.to_json(), ensure_ascii=False) if args.json else _row(r)
+        progress.step(lambda: print(line, flush=True))
+
+    progress.draw()
+    try:
+        results = replay(cases, settings, chunk_size=args.chunk_size, concurrency=args.concurrency,
+                         on_result=emit, judge=final_judge, checkpoint_judge=checkpoint_judge)
+    finally:
+        progress.clear()
+    summary = _summary(results, settings)
+    bal = summary["balanced_accuracy"]
     if args.json:
-        for r in results:
-            print(json.dumps(r.to_json(), ensure_ascii=False))
         print(json.dumps(summary))
     else:
-        print(f"{'id':<20} {'expect':<7} {'fired':<6} {'first@':>7} {'faith':>6} {'checkpts':>8}  result")
-        for r in results:
-            exp = "-" if r.case.expect_alert is None else ("alert" if r.case.expect_alert else "ok")
-            faith = r.final.get("faithfulness")
-            print(
-                f"{r.case.id[:20]:<20} {exp:<7} {('yes' if r.fired else 'no'):<6} "
-                f"{'-' if r.first_alert_char is None else r.first_alert_char:>7} "
-                f"{'-' if faith is None else f'{faith:.2f}':>6} {r.checkpoints:>8}  "
-                f"{'PASS' if r.passed else 'FAIL'}"
-            )
         print(
             f"\n{summary['passed']}/{summary['cases']} passed; precision={summary['precision']} "
-            f"recall={summary['recall']} (judge={settings.judge}, threshold={settings.threshold})"
+            f"recall={summary['recall']} balanced accuracy={bal} "
+            f"(judge={settings.judge}, checkpoint judge={settings.checkpoint_judge_name}, "
+            f"threshold={settings.threshold})"
         )
-    return 1 if failed else 0
+    if args.fail_under is not None:
+        if bal is None or bal < args.fail_under:
+            print(f"streamjudge replay: balanced accuracy {bal} is below --fail-under {args.fail_under}"
+                  + (" (it needs cases expected to alert and cases expected not to)" if bal is None else ""),
+                  file=sys.stderr)
+            return 1
+        return 0
+    return 1 if summary["failed"] else 0
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from streamjudge.offline.calibrate import best, lowest_scores, sweep
-    from streamjudge.offline.replay import CaseError, load_cases
+    from streamjudge.offline.calibrate import best, lowest_scores, sweep, write_chart, write_csv
 
-    try:
-        cases = [c for c in load_cases(args.cases) if c.expect_alert is not None]
-        settings = load_settings(judge=args.judge, checkpoint_judge=args.judge)
-    except (OSError, CaseError, ConfigError) as exc:
-        print(f"streamjudge calibrate: {exc}", file=sys.stderr)
-        return 2
+    cases = [c for c in _load(args) if c.expect_alert is not None]
     if not cases:
-        print("streamjudge calibrate: no case has expect_alert true/false", file=sys.stderr)
-        return 2
+        raise _Exit(f"{args.cases}: no case has expect_alert true/false, so there is nothing to calibrate on")
+    settings = _settings(args)
+    final_judge, checkpoint_judge = _judges(settings, _judge_source(args))
+    print(f"streamjudge calibrate: {len(cases)} cases, judge={settings.judge} "
+          f"(checkpoints: {settings.checkpoint_judge_name})", file=sys.stderr)
+    progress = _Progress(len(cases), sys.stderr)
+    progress.draw()
+    try:
+        lows = lowest_scores(cases, settings, chunk_size=args.chunk_size, concurrency=args.concurrency,
+                             on_result=lambda _r: progress.step(lambda: None),
+                             judge=final_judge, checkpoint_judge=checkpoint_judge)
+    finally:
+        progress.clear()
     expected = [bool(c.expect_alert) for c in cases]
-    lows = lowest_scores(cases, settings, chunk_size=args.chunk_size)
     rows = sweep(lows, expected)
     top = best(rows)
     current = sweep(lows, expected, [settings.threshold])[0]
+
+    csv_path = write_csv(rows, args.csv)
+    print(f"streamjudge calibrate: wrote {csv_path}", file=sys.stderr)
+    chart = Path(args.chart) if args.chart else csv_path.with_suffix(".png")
+    if write_chart(rows, chart, best_row=top, current=settings.threshold) is None:
+        print("streamjudge calibrate: no chart (matplotlib is not installed; pip install matplotlib "
+              "to get one)", file=sys.stderr)
+    else:
+        print(f"streamjudge calibrate: wrote {chart}", file=sys.stderr)
 
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
@@ -99,10 +239,12 @@ def _calibrate(args: argparse.Namespace) -> int:
             }))
         print(json.dumps({
             "summary": True, "cases": len(cases), "judge": settings.judge,
+            "checkpoint_judge": settings.checkpoint_judge_name,
             "best_threshold": top.threshold if top else None,
             "best_balanced_accuracy": top.balanced_accuracy if top else None,
             "current_threshold": settings.threshold,
             "current_balanced_accuracy": current.balanced_accuracy,
+            "csv": str(csv_path),
         }))
         return 0
     head = ("threshold", "tp", "fp", "fn", "tn", "precision", "recall", "bal.acc")
@@ -121,33 +263,88 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``streamjudge`` console script."""
+def _demo(argv: list[str]) -> int:
+    from streamjudge import demo
+
+    return demo.main(argv)
+
+
+def _positive(raw: str) -> int:
+    n = int(raw)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {raw}")
+    return n
+
+
+def _unit(raw: str) -> float:
+    v = float(raw)
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {raw}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``streamjudge`` command."""
     parser = argparse.ArgumentParser(prog="streamjudge", description="Live judging of streamed RAG answers.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"streamjudge {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{replay,calibrate,demo}")
+
+    def judge_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--judge", default=None,
+                       help="judge for checkpoints and the final pass: local, llm, ragas, deepeval or "
+                            "package.module:ClassName (default: STREAMJUDGE_JUDGE, else local)")
+        p.add_argument("--chunk-size", type=_positive, default=8,
+                       help="characters per streamed chunk (default 8)")
+        p.add_argument("--concurrency", type=_positive, default=DEFAULT_CONCURRENCY,
+                       help=f"cases streamed at once (default {DEFAULT_CONCURRENCY})")
+
     rp = sub.add_parser("replay", help="stream recorded answers through the guard and check expected alerts")
-    rp.add_argument("cases", help="JSONL file: question, contexts, answer, optional id, expect_alert")
-    rp.add_argument("--judge", default="local", help="judge name (default: local)")
-    rp.add_argument("--threshold", type=float, default=None, help="pass threshold for every metric")
-    rp.add_argument("--json", action="store_true", help="one JSON object per case, then a summary object")
-    rp.add_argument("--chunk-size", type=int, default=8, help="characters per streamed chunk (default 8)")
+    rp.add_argument("cases", help="JSON Lines file: question, contexts, answer, optional id, expect_alert")
+    judge_options(rp)
+    rp.add_argument("--threshold", type=_unit, default=None, help="pass threshold for every metric")
+    rp.add_argument("--json", action="store_true",
+                    help="one JSON object per case as it finishes (with the judge's explanations), then a "
+                         "summary object")
+    rp.add_argument("--fail-under", type=_unit, default=None, metavar="X",
+                    help="exit 1 only when balanced accuracy is below X (instead of on any failed case)")
     rp.set_defaults(func=_replay)
+
     cp = sub.add_parser("calibrate", help="find the checkpoint threshold that best matches expected alerts")
-    cp.add_argument("cases", help="JSONL file as for replay; cases need expect_alert")
-    cp.add_argument("--judge", default="local", help="judge name (default: local)")
+    cp.add_argument("cases", help="JSON Lines file as for replay; cases need expect_alert")
+    judge_options(cp)
     cp.add_argument("--json", action="store_true", help="one JSON object per threshold, then a summary")
-    cp.add_argument("--chunk-size", type=int, default=8, help="characters per streamed chunk (default 8)")
+    cp.add_argument("--csv", default="streamjudge-calibration.csv",
+                    help="where to write the sweep as CSV (default ./streamjudge-calibration.csv)")
+    cp.add_argument("--chart", default=None,
+                    help="where to write the PNG chart (default: the CSV's path with .png; needs matplotlib)")
     cp.set_defaults(func=_calibrate)
-    sub.add_parser("demo", help="the built-in demo (same as python -m streamjudge.demo)").set_defaults(
-        func=lambda _a: __import__("streamjudge.demo", fromlist=["main"]).main([])
-    )
+
+    # options after `demo` belong to the demo (streamjudge demo --help lists them)
+    sub.add_parser("demo", add_help=False,
+                   help="serve the example RAG app under opentelemetry-instrument and stream questions at it "
+                        "(--offline: the in-process demo)")
+
     from streamjudge.worker import _cli as worker_cli  # light: the worker itself is imported on run
 
     wp = sub.add_parser("worker", help="judge deferred final passes of spans received over OTLP")
     worker_cli.add_arguments(wp)
     wp.set_defaults(func=worker_cli.run)
-    args = parser.parse_args(argv)
-    code: int = args.func(args)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``streamjudge`` console script."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "demo":
+        return _demo(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        code: int = args.func(args)
+    except (_Exit, ConfigError) as exc:
+        print(f"streamjudge {args.command}: {exc}", file=sys.stderr)
+        return 2
     return code
 
 

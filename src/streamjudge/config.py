@@ -8,9 +8,12 @@ that every option has one documented place.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import logging
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,10 +41,54 @@ DEFAULT_REGENERATE_INSTRUCTION = (
 #: whole data), ``type:NAME`` (the ``type`` field of a JSON line or WebSocket message)
 DEFAULT_TERMINAL_FRAMES: tuple[str, ...] = ("event:done", "event:end", "data:[DONE]", "type:done")
 TERMINAL_FRAME_KINDS: tuple[str, ...] = ("event", "data", "type")
+#: request paths never judged by default: probes, metrics, docs
+DEFAULT_ROUTES_EXCLUDE: tuple[str, ...] = (
+    "/metrics", "/metrics/*", "/health", "/healthz", "/health/*", "/livez", "/readyz", "/ready", "/live",
+    "/docs", "/docs/*", "/redoc", "/openapi.json", "/favicon.ico",
+)
+
+
+#: judges built in (``package.module:ClassName`` names any other)
+JUDGE_NAMES: tuple[str, ...] = ("local", "model", "llm", "ragas", "deepeval")
+#: metric names the built-in judges score (deepeval also scores GEval rubrics by name)
+KNOWN_METRICS: tuple[str, ...] = (
+    semconv.FAITHFULNESS,
+    semconv.ANSWER_RELEVANCY,
+    semconv.CONTEXT_PRECISION,
+    semconv.CONTEXT_RECALL,
+    "geval_groundedness",
+)
+
+_log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
-    """An option has a value streamjudge cannot use. The message names the variable and what is allowed."""
+    """An option has a value streamjudge cannot use. The message names the variable and what is allowed.
+
+    ``setting`` is the :class:`Settings` field concerned (None when the error is not about one field).
+    """
+
+    def __init__(self, message: str, *, setting: str | None = None, expected: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.expected = expected
+
+
+def _one_of(choices: tuple[str, ...]) -> str:
+    return "one of " + ", ".join(choices)
+
+
+def _invalid(setting: str, value: object, expected: str) -> ConfigError:
+    """The error for a field set in code; :func:`load_settings` rewords it for a variable."""
+    var = env_var(setting)
+    where = f" (environment: {var})" if var else ""
+    return ConfigError(f"Settings.{setting}={value!r}: expected {expected}{where}",
+                       setting=setting, expected=expected)
+
+
+def _enum(value: str) -> str:
+    # enum values in any case, and with dashes: "Hold-Back" is hold_back
+    return value.strip().lower().replace("-", "_") if isinstance(value, str) else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,36 +178,55 @@ class Settings:
     sse_token_field: str | None = None  # JSON path (dot separated) of the token in SSE data payloads
     # the app's frames that end an answer, held back until the guard's last events are sent
     terminal_frames: tuple[str, ...] = DEFAULT_TERMINAL_FRAMES
+    # zero-code: the guard's warning / retract / stop events sent to the client in the app's own frame
+    # format. Off by default: the client receives exactly the app's bytes
+    client_events: bool = False
+    # which request paths may carry a judged answer (fnmatch patterns; empty include = every path)
+    routes_include: tuple[str, ...] = ()
+    routes_exclude: tuple[str, ...] = DEFAULT_ROUTES_EXCLUDE
     # judge LLMs (final pass, and a cheaper one for checkpoints that falls back to it)
     eval_llm: JudgeLLMSettings = field(default_factory=JudgeLLMSettings)
     checkpoint_llm: JudgeLLMSettings = field(default_factory=JudgeLLMSettings)
+    # the ``model`` judge (a local NLI / hallucination-detector classifier): a model directory or hub id,
+    # ``onnx`` / ``torch`` / ``auto``, pairs per inference batch, how long a batch waits to fill (ms), ONNX
+    # Runtime intra-op threads, the model's input window in tokens (0 = from its config), pending claims
+    model_path: str | None = None
+    model_backend: str = "auto"
+    model_batch_size: int = 16
+    model_max_batch_ms: float = 5.0
+    model_threads: int = 1
+    model_max_length: int = 0
+    model_queue_size: int = 1024
 
     def __post_init__(self) -> None:
-        if self.action not in _ACTIONS:
-            raise ConfigError(f"action must be one of {_ACTIONS}, got {self.action!r}")
-        if self.mode not in _MODES:
-            raise ConfigError(f"mode must be one of {_MODES}, got {self.mode!r}")
-        if self.final_pass not in _FINAL_PASSES:
-            raise ConfigError(f"final_pass must be one of {_FINAL_PASSES}, got {self.final_pass!r}")
-        if self.preflight_action not in _PREFLIGHT_ACTIONS:
-            raise ConfigError(
-                f"preflight_action must be one of {_PREFLIGHT_ACTIONS}, got {self.preflight_action!r}"
-            )
+        enums = (
+            ("action", _ACTIONS), ("mode", _MODES), ("preflight_action", _PREFLIGHT_ACTIONS),
+            ("final_pass", _FINAL_PASSES),
+        )
+        for name, choices in enums:
+            value = _enum(getattr(self, name))
+            if value not in choices:
+                raise _invalid(name, getattr(self, name), _one_of(choices))
+            object.__setattr__(self, name, value)
         for name in ("threshold", "sample_rate", "preflight_threshold"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
-                raise ConfigError(f"{name} must be within [0, 1], got {v!r}")
-        for name in ("concurrency", "queue_size"):
+                raise _invalid(name, v, "a number from 0 to 1")
+        for name in ("concurrency", "queue_size", "window_sentences", "window_chars"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.window_sentences < 1 or self.window_chars < 1:
-            raise ConfigError("window_sentences and window_chars must be >= 1")
+                raise _invalid(name, getattr(self, name), "an integer >= 1")
+        for metric, v in self.thresholds.items():
+            if not 0.0 <= v <= 1.0:
+                raise _invalid("thresholds", f"{metric}={v}", "metric=value pairs with values from 0 to 1")
         for spec in self.terminal_frames:
             kind, sep, value = spec.partition(":")
             if not sep or kind.strip() not in TERMINAL_FRAME_KINDS or not value.strip():
                 raise ConfigError(
-                    f"terminal_frames: {spec!r} is not event:NAME, data:TEXT or type:NAME "
-                    "(STREAMJUDGE_TERMINAL_FRAMES=none turns holding back off)"
+                    f"STREAMJUDGE_TERMINAL_FRAMES: {spec!r} is not event:NAME, data:TEXT or type:NAME "
+                    "(STREAMJUDGE_TERMINAL_FRAMES=none turns holding back off)",
+                    setting="terminal_frames",
+                    expected="event:NAME, data:TEXT or type:NAME, comma separated "
+                    "(STREAMJUDGE_TERMINAL_FRAMES=none turns holding back off)",
                 )
 
     @property
@@ -188,7 +254,7 @@ def _bool(var: str, raw: str) -> bool:
         return True
     if v in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{var}={raw!r}: expected true/false")
+    raise ConfigError(f"{var}={raw!r}: expected true or false (or 1/0, yes/no, on/off)")
 
 
 def _float(var: str, raw: str) -> float:
@@ -205,6 +271,18 @@ def _int(var: str, raw: str) -> int:
         raise ConfigError(f"{var}={raw!r}: expected an integer") from None
 
 
+def parse_judge_name(var: str, raw: str) -> str:
+    """A judge name as written in ``var`` (a variable or an option): a built-in one in any case, or
+    ``package.module:ClassName``. Raises :class:`ConfigError` naming ``var`` and the accepted names."""
+    name = raw.strip()
+    if name.lower() in JUDGE_NAMES:
+        return name.lower()
+    if ":" in name:  # package.module:ClassName, checked when the judge is built
+        return name
+    hint = _did_you_mean(name.lower(), JUDGE_NAMES)
+    raise ConfigError(f"{var}={raw!r}: expected {', '.join(JUDGE_NAMES)} or package.module:ClassName{hint}")
+
+
 def _csv(raw: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
@@ -215,7 +293,10 @@ def _thresholds(var: str, raw: str) -> dict[str, float]:
         name, sep, value = part.partition("=")
         if not sep:
             raise ConfigError(f"{var}: expected metric=value pairs, got {part!r}")
-        out[name.strip()] = _float(var, value.strip())
+        v = _float(var, value.strip())
+        if not 0.0 <= v <= 1.0:
+            raise ConfigError(f"{var}: {part!r}: expected metric=value pairs with values from 0 to 1")
+        out[name.strip()] = v
     return out
 
 
@@ -256,8 +337,8 @@ def _terminal_frames(var: str, raw: str) -> tuple[str, ...]:
 
 # field name -> (env suffix, parser)
 _ENV_FIELDS: dict[str, tuple[str, Any]] = {
-    "judge": ("JUDGE", None),
-    "checkpoint_judge": ("CHECKPOINT_JUDGE", None),
+    "judge": ("JUDGE", parse_judge_name),
+    "checkpoint_judge": ("CHECKPOINT_JUDGE", parse_judge_name),
     "threshold": ("THRESHOLD", _float),
     "thresholds": ("THRESHOLDS", _thresholds),
     "action": ("ACTION", None),
@@ -295,6 +376,16 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "answer_nodes": ("ANSWER_NODES", "csv"),
     "sse_token_field": ("SSE_TOKEN_FIELD", None),
     "terminal_frames": ("TERMINAL_FRAMES", _terminal_frames),
+    "model_path": ("MODEL_PATH", None),
+    "model_backend": ("MODEL_BACKEND", None),
+    "model_batch_size": ("MODEL_BATCH_SIZE", _int),
+    "model_max_batch_ms": ("MODEL_MAX_BATCH_MS", _float),
+    "model_threads": ("MODEL_THREADS", _int),
+    "model_max_length": ("MODEL_MAX_LENGTH", _int),
+    "model_queue_size": ("MODEL_QUEUE_SIZE", _int),
+    "client_events": ("CLIENT_EVENTS", _bool),
+    "routes_include": ("ROUTES_INCLUDE", "csv"),
+    "routes_exclude": ("ROUTES_EXCLUDE", _terminal_frames),
 }
 
 
@@ -333,33 +424,172 @@ def _app_llm_fallback(env: Mapping[str, str]) -> JudgeLLMSettings:
     return JudgeLLMSettings()
 
 
-def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-    """Read ``STREAMJUDGE_*`` and ``EVAL_*`` variables from ``env`` (default ``os.environ``).
+def env_var(setting: str) -> str | None:
+    """The environment variable of the :class:`Settings` field ``setting`` (None if it has none)."""
+    entry = _ENV_FIELDS.get(setting)
+    return _PREFIX + entry[0] if entry else None
 
-    Keyword ``overrides`` win over the environment. Raises :class:`ConfigError` naming the variable
-    when a value cannot be used.
+
+#: ``STREAMJUDGE_*`` variables read by other parts of the project (the collector configuration, the test
+#: harness), so never reported as unknown
+_OTHER_VARS: frozenset[str] = frozenset({
+    "STREAMJUDGE_TRACES_EXPORTERS", "STREAMJUDGE_LOW_SCORE_THRESHOLD", "STREAMJUDGE_OTELCOL",
+    "STREAMJUDGE_JAEGER", "STREAMJUDGE_PROMETHEUS", "STREAMJUDGE_PROMTOOL", "STREAMJUDGE_ALERTMANAGER",
+    "STREAMJUDGE_AMTOOL", "STREAMJUDGE_PHOENIX_PYTHON",
+})
+_OTHER_PREFIXES: tuple[str, ...] = ("STREAMJUDGE_COLLECTOR_",)
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    _log.warning("streamjudge: %s", message)
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def known_env_vars() -> tuple[str, ...]:
+    """Every ``STREAMJUDGE_*`` variable :func:`load_settings` reads."""
+    return tuple(_PREFIX + suffix for suffix, _ in _ENV_FIELDS.values())
+
+
+def _check_unknown_vars(env: Mapping[str, str]) -> None:
+    known = set(known_env_vars())
+    for var in env:
+        if not var.startswith(_PREFIX) or var in known or var in _OTHER_VARS:
+            continue
+        if var.startswith(_OTHER_PREFIXES):
+            continue
+        _warn_once(f"var:{var}", f"unknown variable {var} is ignored{_did_you_mean(var, known)}")
+
+
+def _check_metric_names(settings: Settings) -> None:
+    if ":" in settings.judge or ":" in settings.checkpoint_judge_name:
+        return  # a judge of your own may score metrics of its own
+    known = {*KNOWN_METRICS, *settings.geval_rubrics}
+    for field_name in ("final_metrics", "checkpoint_metrics", "thresholds"):
+        var = env_var(field_name) or field_name
+        for metric in getattr(settings, field_name):
+            if metric not in known:
+                _warn_once(
+                    f"metric:{field_name}:{metric}",
+                    f"{var}: unknown metric {metric!r} is not scored{_did_you_mean(metric, known)}; "
+                    f"known: {', '.join(sorted(known))} (and rubrics of STREAMJUDGE_GEVAL_RUBRICS)",
+                )
+
+
+def _from_env(
+    env: Mapping[str, str], errors: list[ConfigError] | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings the variables give, and the raw text of each (field name -> value as written).
+
+    With ``errors`` given, a variable that cannot be parsed is recorded there and left at its default.
     """
-    env = os.environ if env is None else env
     values: dict[str, Any] = {}
+    raw_of: dict[str, str] = {}
     for fname, (suffix, parser) in _ENV_FIELDS.items():
         var = _PREFIX + suffix
         raw = env.get(var)
         if raw is None or raw == "":
             continue
-        if parser is None:
-            values[fname] = raw.strip()
-        elif parser == "csv":
-            values[fname] = _csv(raw)
-        else:
-            values[fname] = parser(var, raw)
-    if "eval_llm" not in overrides:
-        app = _app_llm_fallback(env)
-        values["eval_llm"] = _llm_settings(env, "EVAL_", app)
-    if "checkpoint_llm" not in overrides:
-        final = overrides.get("eval_llm", values.get("eval_llm"))
-        values["checkpoint_llm"] = _llm_settings(env, "EVAL_CHECKPOINT_", final)
-    values.update(overrides)
+        try:
+            if parser is None:
+                values[fname] = raw.strip()
+            elif parser == "csv":
+                values[fname] = _csv(raw)
+            else:
+                values[fname] = parser(var, raw)
+        except ConfigError as exc:
+            if errors is None:
+                raise
+            exc.setting = fname
+            errors.append(exc)
+            continue
+        raw_of[fname] = raw
+    return values, raw_of
+
+
+def _build(values: dict[str, Any], raw_of: Mapping[str, str], errors: list[ConfigError] | None) -> Settings:
+    while True:
+        try:
+            return Settings(**values)
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from None
+        except ConfigError as exc:
+            setting = exc.setting
+            if setting is not None and setting in raw_of and exc.expected is not None:
+                # the value came from a variable: say it as the user wrote it
+                exc = ConfigError(f"{env_var(setting)}={raw_of[setting]!r}: expected {exc.expected}",
+                                  setting=setting, expected=exc.expected)
+            if errors is None or exc.setting not in values:
+                raise exc from None
+            errors.append(exc)
+            del values[exc.setting]
+
+
+def _load(
+    env: Mapping[str, str] | None, overrides: dict[str, Any], errors: list[ConfigError] | None
+) -> Settings:
+    env = os.environ if env is None else env
+    _check_unknown_vars(env)
+    values, raw_of = _from_env(env, errors)
+    for name in overrides:
+        raw_of.pop(name, None)
     try:
-        return Settings(**values)
-    except TypeError as exc:
-        raise ConfigError(str(exc)) from None
+        if "eval_llm" not in overrides:
+            app = _app_llm_fallback(env)
+            values["eval_llm"] = _llm_settings(env, "EVAL_", app)
+        if "checkpoint_llm" not in overrides:
+            final = overrides.get("eval_llm", values.get("eval_llm"))
+            values["checkpoint_llm"] = _llm_settings(env, "EVAL_CHECKPOINT_", final)
+    except ConfigError as exc:
+        if errors is None:
+            raise
+        errors.append(exc)
+        values.pop("eval_llm", None)
+        values.pop("checkpoint_llm", None)
+    values.update(overrides)
+    settings = _build(values, raw_of, errors)
+    _check_metric_names(settings)
+    return settings
+
+
+def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Read ``STREAMJUDGE_*`` and ``EVAL_*`` variables from ``env`` (default ``os.environ``).
+
+    Keyword ``overrides`` win over the environment. Raises :class:`ConfigError` naming the variable and the
+    values it accepts when a value cannot be used. Logs a warning (once per name) for a ``STREAMJUDGE_*``
+    variable that is not an option, with the closest option's name, and for a metric no judge scores.
+    """
+    return _load(env, dict(overrides), None)
+
+
+def load_settings_or_default(
+    log: logging.Logger | None = None, env: Mapping[str, str] | None = None, **overrides: Any
+) -> Settings:
+    """Like :func:`load_settings`, but never raises: a variable that cannot be used keeps its default.
+
+    For the zero-code path, where a bad setting must not stop the application: logs one line (on ``log``,
+    default this module's logger) naming each unusable variable and what it accepts, and carries on.
+    """
+    errors: list[ConfigError] = []
+    try:
+        settings = _load(env, dict(overrides), errors)
+    except ConfigError as exc:  # an override set in code is wrong: nothing of the environment to blame
+        errors.append(exc)
+        settings = Settings()
+    if errors:
+        (log or _log).error(
+            "streamjudge: %s; %s",
+            "; ".join(str(e) for e in errors),
+            "using the default for it" if len(errors) == 1 else "using the defaults for them",
+        )
+    return settings

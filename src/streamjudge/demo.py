@@ -1,8 +1,13 @@
-"""``make demo``: three built-in answers streamed through the guard and the judge processor.
+"""``make demo`` / ``streamjudge demo``: the product as users run it, and an in-process fallback.
 
-Runs offline with the local judge: a grounded answer, a hallucinating one, and one whose retrieval was
-weak. Prints the tokens as they arrive, warnings and actions as they happen, the final scores, and the
-spans as they are exported. Set ``OTEL_EXPORTER_OTLP_ENDPOINT`` to also send the spans over OTLP.
+By default (:mod:`streamjudge._demo_app`) the example app (``examples/adaptive_rag/app.py``) is served under
+``opentelemetry-instrument`` and questions are streamed at it over HTTP; see there.
+
+``--offline`` (also the fallback when the app cannot start): three built-in answers streamed through the
+guard and the judge processor in this process, with the local judge: a grounded answer, a hallucinating
+one, and one whose retrieval was weak. Prints the tokens as they arrive, warnings and actions as they
+happen, the final scores, and the spans as they are exported. Set ``OTEL_EXPORTER_OTLP_ENDPOINT`` to also
+send the spans over OTLP.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -149,22 +155,59 @@ def _downstream() -> SpanProcessor:
     return multi
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m streamjudge.demo", description=__doc__)
-    parser.add_argument("--delay", type=float, default=0.02, help="seconds between tokens (default 0.02)")
-    parser.add_argument("--action", choices=("flag", "regenerate", "stop"), default=None)
-    args = parser.parse_args(argv)
-    overrides = {"action": args.action} if args.action else {}
+def offline_main(action: str | None = None, delay: float = 0.02) -> int:
+    """The in-process demo: three built-in answers through the guard (no app, no HTTP)."""
+    overrides: dict[str, Any] = {"action": action} if action else {}
     settings = load_settings(**overrides)
-    print(f"streamjudge demo: judge={settings.judge} threshold={settings.threshold} action={settings.action}"
-          f" mode={settings.mode} window={settings.window_sentences} sentences/{settings.window_chars} chars")
+    print(f"streamjudge demo (in-process): judge={settings.judge} threshold={settings.threshold} "
+          f"action={settings.action} mode={settings.mode} "
+          f"window={settings.window_sentences} sentences/{settings.window_chars} chars")
     rt = streamjudge.configure(settings, downstream=_downstream(), set_global=False)
     try:
         for case in CASES:
-            asyncio.run(_run_case(case, args.delay))
+            asyncio.run(_run_case(case, delay))
     finally:
         rt.shutdown()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``streamjudge demo`` / ``python -m streamjudge.demo``."""
+    from streamjudge import _demo_app
+
+    parser = argparse.ArgumentParser(
+        prog="streamjudge demo",
+        description="Serve the example RAG app under opentelemetry-instrument, stream questions at it and "
+                    "summarise what the exported spans say (--offline: the in-process demo).",
+    )
+    parser.add_argument("--offline", action="store_true",
+                        help="the in-process demo: built-in answers through the guard, no app or HTTP")
+    parser.add_argument("--action", choices=("flag", "regenerate", "stop"), default=None,
+                        help="only this action (default: flag, then stop, then regenerate)")
+    parser.add_argument("--traces", default=None,
+                        help="OTLP JSON lines file for the exported spans "
+                             f"(default {_demo_app.default_traces()})")
+    parser.add_argument("--app", default=None, help="the example app (default examples/adaptive_rag/app.py)")
+    parser.add_argument("--token-delay-ms", type=float, default=15.0,
+                        help="the example model's delay per token (default 15)")
+    parser.add_argument("--startup-timeout", type=float, default=60.0,
+                        help="seconds to wait for the app to serve (default 60)")
+    parser.add_argument("--delay", type=float, default=0.02,
+                        help="--offline: seconds between tokens (default 0.02)")
+    args = parser.parse_args(argv)
+    if args.offline:
+        return offline_main(args.action, args.delay)
+    try:
+        return _demo_app.run(
+            actions=(args.action,) if args.action else _demo_app.ACTIONS,
+            traces=args.traces, app=args.app, token_delay_ms=args.token_delay_ms,
+            startup_timeout=args.startup_timeout,
+        )
+    except _demo_app.DemoUnavailable as exc:
+        print(f"\nstreamjudge demo: {exc}", file=sys.stderr)
+        print("streamjudge demo: running the in-process demo instead (streamjudge demo --offline)\n",
+              file=sys.stderr)
+        return offline_main(args.action, args.delay)
 
 
 if __name__ == "__main__":

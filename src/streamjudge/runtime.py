@@ -29,9 +29,12 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from streamjudge import _sdk, semconv
 from streamjudge._context import ContextStore, default_store
+from streamjudge._deadline import shutdown_deadline
+from streamjudge._shutdown import install_signal_drain
 from streamjudge._vendors import VendorBackend, default_backends
 from streamjudge._version import __version__
 from streamjudge.config import Settings, load_settings
+from streamjudge.exporters._counting import count_export_failures
 from streamjudge.exporters.base import EvaluationSink
 from streamjudge.judging import _backend
 from streamjudge.judging.base import EvalKind, Judge
@@ -140,6 +143,7 @@ class Runtime:
             downstream.add_span_processor(p)
         _sdk.set_span_processors(provider, (self.processor,))
         self.processor.set_downstream(downstream)
+        count_export_failures(downstream)  # the exporters the SDK built from OTEL_*: losses become a metric
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Wait for queued judgements and export what is pending."""
@@ -157,12 +161,14 @@ class Runtime:
         _sdk.unwatch_span_processors(self.tracer_provider, self._on_processor_added)
         if timeout_millis is not None:
             self.processor.set_shutdown_timeout(timeout_millis)
-        if self.owns_provider:
-            self.tracer_provider.shutdown()  # -> processor.shutdown: drain the pool, then export
-        else:
-            self.processor.shutdown()
-        if self._meter_provider is not None:
-            self._meter_provider.shutdown()
+        # one deadline for everything below (pool, sinks, bridges, exporters), whatever each would wait
+        with shutdown_deadline(None if timeout_millis is None else timeout_millis / 1000):
+            if self.owns_provider:
+                self.tracer_provider.shutdown()  # -> processor.shutdown: drain the pool, then export
+            else:
+                self.processor.shutdown()
+            if self._meter_provider is not None:
+                self._meter_provider.shutdown()
         with _lock:
             if _runtime is self:
                 _runtime = None
@@ -213,6 +219,33 @@ def _add_span_processor(provider: SDKTracerProvider, processor: SpanProcessor) -
         provider.add_span_processor(processor, replace_default_processor=False)  # type: ignore[call-arg]
     else:
         provider.add_span_processor(processor)
+
+
+def _install(provider: SDKTracerProvider, processor: JudgeSpanProcessor, old: SpanProcessor | None) -> None:
+    """Put ``processor`` in ``provider``: in ``old``'s place (a runtime it replaces), else beside the rest."""
+    if old is not None:
+        present = _sdk.span_processors(provider)
+        _sdk.set_span_processors(provider, tuple(processor if p is old else p for p in present))
+    if processor not in _sdk.span_processors(provider):
+        _add_span_processor(provider, processor)
+
+
+def _add_exporters(
+    provider: SDKTracerProvider, processor: JudgeSpanProcessor, exporters: Sequence[SpanExporter]
+) -> None:
+    """Export to the vendor backends the environment asks for.
+
+    Owning the export path, the backends get the enriched spans; beside an app's processors, the raw spans
+    like the app's own exporters (the distro's take_over_export later moves them behind the processor).
+    """
+    for exp in exporters:
+        if processor.downstream is not None:
+            multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
+            multi.add_span_processor(processor.downstream)
+            multi.add_span_processor(BatchSpanProcessor(exp))
+            processor.set_downstream(multi)
+        else:
+            _add_span_processor(provider, BatchSpanProcessor(exp))
 
 
 def _pool(settings: Settings, meter_provider: metrics.MeterProvider | None) -> JudgePool:
@@ -307,26 +340,10 @@ def configure(
         meter_provider=meter_provider,
         capture_content=settings.capture_content,
         shutdown_timeout_millis=int(settings.end_wait_s * 1000) + 5_000,
+        hold_timeout_s=settings.hold_timeout_s,
     )
-    if replaces:
-        assert previous is not None
-        old = previous.processor
-        present = _sdk.span_processors(tracer_provider)
-        _sdk.set_span_processors(tracer_provider, tuple(processor if p is old else p for p in present))
-        if processor not in _sdk.span_processors(tracer_provider):
-            _add_span_processor(tracer_provider, processor)
-    else:
-        _add_span_processor(tracer_provider, processor)
-    for exp in env_exporters:
-        # owning: the backend gets the enriched spans; beside an app's processors: the raw spans, like
-        # the app's own exporters (take_over_export later moves them behind the judge processor)
-        if processor.downstream is not None:
-            multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
-            multi.add_span_processor(processor.downstream)
-            multi.add_span_processor(BatchSpanProcessor(exp))
-            processor.set_downstream(multi)
-        else:
-            _add_span_processor(tracer_provider, BatchSpanProcessor(exp))
+    _install(tracer_provider, processor, previous.processor if replaces and previous else None)
+    _add_exporters(tracer_provider, processor, env_exporters)
     rt = Runtime(
         settings,
         tracer_provider=tracer_provider,
@@ -354,4 +371,6 @@ def configure(
             previous._replaced()
         else:
             previous.shutdown()
+    # uvicorn re-raises SIGTERM after its graceful shutdown and the SDK's atexit never runs: drain on it
+    install_signal_drain()
     return rt

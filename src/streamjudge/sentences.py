@@ -402,9 +402,11 @@ class SentenceBuffer:
                 if p < 0:
                     m = _CANDIDATE.search(buf, max(scan, clean), limit + 1)
                     p = -1 if m is None else m.start()
+            # after a forced cut (``scan = clean = ...``) the text behind it starts a new sentence: the stops
+            # there were decided in the old one's context ("..." across the cut) and are searched again
             if p < 0:
                 if n > limit:
-                    scan = self._force_cut(buf, s, base, out)
+                    scan = clean = self._force_cut(buf, s, base, out)
                     s = None
                     continue
                 if final:
@@ -416,7 +418,7 @@ class SentenceBuffer:
             ch = buf[p]
             min_cut = p if ch == "\n" or ch == "`" else p + 1
             if min_cut > limit:
-                scan = self._force_cut(buf, s, base, out)
+                scan = clean = self._force_cut(buf, s, base, out)
                 s = None
                 continue
             if self._in_fence:
@@ -435,7 +437,7 @@ class SentenceBuffer:
                 scan = nxt
                 continue
             if cut - s > limit_len:
-                scan = self._force_cut(buf, s, base, out)
+                scan = clean = self._force_cut(buf, s, base, out)
                 s = None
                 continue
             if self._in_fence:

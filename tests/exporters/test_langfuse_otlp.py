@@ -52,13 +52,13 @@ def test_opt_in_and_host_resolution() -> None:
     assert langfuse_exporter_from_env({"LANGFUSE_SECRET_KEY": SK}) is None
     exp = langfuse_exporter_from_env({"LANGFUSE_PUBLIC_KEY": PK, "LANGFUSE_SECRET_KEY": SK})
     assert isinstance(exp, LangfuseSpanExporter)
-    assert exp._exporter._endpoint == "https://cloud.langfuse.com/api/public/otel/v1/traces"  # type: ignore[attr-defined]
+    assert exp._exporter.exporter._endpoint == "https://cloud.langfuse.com/api/public/otel/v1/traces"  # type: ignore[attr-defined]
     assert SK not in repr(exp)
     exp.shutdown()
     exp = langfuse_exporter_from_env(
         {"LANGFUSE_PUBLIC_KEY": PK, "LANGFUSE_SECRET_KEY": SK, "LANGFUSE_BASE_URL": "https://lf.example/"}
     )
-    assert exp._exporter._endpoint == "https://lf.example/api/public/otel/v1/traces"  # type: ignore[union-attr]
+    assert exp._exporter.exporter._endpoint == "https://lf.example/api/public/otel/v1/traces"  # type: ignore[union-attr]
     exp.shutdown()  # type: ignore[union-attr]
 
 

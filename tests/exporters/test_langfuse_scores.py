@@ -1,9 +1,12 @@
-"""The Langfuse score bridge against a local server speaking Langfuse's documented scores contract.
+"""The Langfuse score bridge against a local server speaking Langfuse's documented ingestion contract.
 
-Contract (Langfuse public API, ``POST /api/public/scores``, ``CreateScoreRequest``): Basic auth with the
-public key as user and the secret key as password; JSON body with required ``name`` and ``value``, and
-``id`` (upsert key), ``traceId``, ``observationId``, ``comment``, ``metadata``, ``dataType`` in
-NUMERIC/CATEGORICAL/BOOLEAN/TEXT/CORRECTION.
+Contract (Langfuse public API, ``POST /api/public/ingestion``): Basic auth with the public key as user and
+the secret key as password; JSON body ``{"batch": [event, ...]}``, each event ``{"id", "timestamp",
+"type": "score-create", "body"}`` where ``body`` is a ``ScoreBody`` (the ``CreateScoreRequest`` fields:
+required ``name`` and ``value``, and ``id`` (upsert key), ``traceId``, ``observationId``, ``comment``,
+``metadata``, ``dataType`` in NUMERIC/CATEGORICAL/BOOLEAN/TEXT/CORRECTION). The answer is an
+``IngestionResponse`` (``successes`` / ``errors`` with event ``id`` and ``status``), HTTP 207 when some
+events failed; batches are limited to 3.5 MB.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ import httpx
 import pytest
 from opentelemetry import context as otel_context
 
-from exporters._http import Reply, always, sequence, serve
+from exporters._http import Reply, Seen, always, sequence, serve
 from streamjudge import semconv
 from streamjudge.exporters.base import EvaluationRecord, EvaluationSink
 from streamjudge.exporters.langfuse import (
-    SCORES_PATH,
+    INGESTION_PATH,
     LangfuseScoreSink,
     langfuse_score_sink_from_env,
 )
@@ -53,6 +56,11 @@ def record(i: int = 1, *, span_type: str = semconv.SPAN_TYPE_STREAM, scores: tup
     )
 
 
+def scores_of(seen: list[Seen]) -> list[dict[str, object]]:
+    """The score bodies of every ingestion request, in the order sent."""
+    return [ev["body"] for s in seen if s.path == INGESTION_PATH for ev in s.json()["batch"]]
+
+
 def sink_for(url: str, **options: object) -> LangfuseScoreSink:
     opts = {**FAST, **options}
     return langfuse_score_sink_from_env(
@@ -75,8 +83,8 @@ def test_opt_in_only_with_both_keys() -> None:
     sink.shutdown()
 
 
-def test_each_score_is_posted_in_the_documented_shape_with_basic_auth() -> None:
-    with serve(always(Reply(200, b'{"id": "x"}'))) as srv:
+def test_scores_are_posted_as_one_ingestion_batch_in_the_documented_shape_with_basic_auth() -> None:
+    with serve(always(Reply(200, b'{"successes": [], "errors": []}'))) as srv:
         sink = sink_for(srv.url)
         rec = record(scores=(
             Score(semconv.FAITHFULNESS, 0.25, "fail", "claim not in context"),
@@ -85,14 +93,19 @@ def test_each_score_is_posted_in_the_documented_shape_with_basic_auth() -> None:
         ))
         sink.emit(rec)
         assert sink.force_flush(5_000)
-        seen = srv.wait_for(2)
+        seen = srv.wait_for(1)
         sink.shutdown()
-    assert len(seen) == 2
-    for req in seen:
-        assert req.path == SCORES_PATH
-        assert req.headers["authorization"] == f"Basic {TOKEN}"
-        assert req.headers["content-type"].startswith("application/json")
-    bodies = {r.json()["name"]: r.json() for r in seen}
+    (req,) = seen
+    assert req.path == INGESTION_PATH
+    assert req.headers["authorization"] == f"Basic {TOKEN}"
+    assert req.headers["content-type"].startswith("application/json")
+    events = req.json()["batch"]
+    assert len(events) == 2
+    for ev in events:
+        assert set(ev) == {"id", "timestamp", "type", "body"}
+        assert ev["type"] == "score-create" and ev["timestamp"].endswith("Z")
+    assert len({ev["id"] for ev in events}) == 2
+    bodies = {b["name"]: b for b in scores_of(seen)}
     faith = bodies["faithfulness"]
     assert set(faith) <= ALLOWED
     assert faith["traceId"] == rec.trace_id_hex and len(faith["traceId"]) == 32
@@ -110,9 +123,9 @@ def test_checkpoint_scores_are_named_apart_from_the_final_pass() -> None:
         sink = sink_for(srv.url)
         sink.emit(record(span_type=semconv.SPAN_TYPE_CHECKPOINT))
         assert sink.force_flush(5_000)
-        (seen,) = srv.wait_for(1)
+        seen = srv.wait_for(1)
         sink.shutdown()
-    assert seen.json()["name"] == "checkpoint.faithfulness"
+    assert [b["name"] for b in scores_of(seen)] == ["checkpoint.faithfulness"]
 
 
 def test_500_then_success_is_retried_with_the_same_idempotency_id() -> None:
@@ -175,7 +188,8 @@ def test_emit_never_blocks_and_memory_stays_bounded_while_the_backend_hangs(
             durations.append(time.perf_counter() - t0)
         stats = sink.stats
         assert stats.queued_records <= 100
-        assert stats.dropped["queue_full"] >= 2000 - 100 - 10
+        # besides the queue, at most `concurrency` (4) batches of 10 are taken by the worker
+        assert stats.dropped["queue_full"] >= 2000 - 100 - 4 * 10
         t0 = time.monotonic()
         sink.shutdown(timeout_millis=300)  # must not wait for the hanging server
         shutdown_s = time.monotonic() - t0
@@ -248,4 +262,4 @@ def test_a_forked_child_delivers_with_its_own_worker() -> None:
         seen = srv.wait_for(2)
         sink.shutdown()
     assert os.waitstatus_to_exitcode(status) == 0
-    assert {s.json()["traceId"] for s in seen} == {record(1).trace_id_hex, record(2).trace_id_hex}
+    assert {b["traceId"] for b in scores_of(seen)} == {record(1).trace_id_hex, record(2).trace_id_hex}

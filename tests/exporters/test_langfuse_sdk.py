@@ -23,6 +23,7 @@ pytest.importorskip("langfuse")
 APP = Path(__file__).with_name("langfuse_sdk_app.py")
 OTLP = "/api/public/otel/v1/traces"
 SCORES = "/api/public/scores"
+INGESTION = "/api/public/ingestion"
 
 
 def _reply(seen: Seen, _index: int) -> Reply:
@@ -34,7 +35,9 @@ def _scores(seen: list[Seen]) -> list[dict[str, Any]]:
     for s in seen:
         if s.path == SCORES:
             body = json.loads(s.body)
-            out += body if isinstance(body, list) else [body]  # the SDK posts a list, the bridge one score
+            out += body if isinstance(body, list) else [body]  # the SDK posts a list
+        elif s.path == INGESTION:  # streamjudge's bridge: score-create events
+            out += [ev["body"] for ev in json.loads(s.body)["batch"] if ev["type"] == "score-create"]
     return out
 
 

@@ -69,10 +69,10 @@ def test_factories_are_opt_in() -> None:
     assert phoenix_exporter_from_env({}) is None
     assert phoenix_annotation_sink_from_env({}) is None
     exp = phoenix_exporter_from_env({}, require_env=False)
-    assert exp is not None and exp._endpoint == "http://127.0.0.1:6006/v1/traces"  # type: ignore[attr-defined]
+    assert exp is not None and exp.exporter._endpoint == "http://127.0.0.1:6006/v1/traces"  # type: ignore[attr-defined]
     exp.shutdown()
     exp = phoenix_exporter_from_env({"PHOENIX_COLLECTOR_ENDPOINT": "http://phx:6006/v1/traces"})
-    assert exp is not None and exp._endpoint == "http://phx:6006/v1/traces"  # type: ignore[attr-defined]
+    assert exp is not None and exp.exporter._endpoint == "http://phx:6006/v1/traces"  # type: ignore[attr-defined]
     exp.shutdown()
     sink = phoenix_annotation_sink_from_env({"PHOENIX_COLLECTOR_ENDPOINT": "http://phx:6006",
                                              "PHOENIX_API_KEY": "phx-secret"})

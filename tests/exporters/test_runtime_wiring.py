@@ -44,10 +44,10 @@ def test_langfuse_spans_and_scores_from_env(monkeypatch: pytest.MonkeyPatch) -> 
             rt.shutdown()
         seen = backend.wait_for(2)
         paths = {s.path for s in seen}
-        assert "/api/public/otel/v1/traces" in paths and "/api/public/scores" in paths
+        assert "/api/public/otel/v1/traces" in paths and "/api/public/ingestion" in paths
         stream = next(s for s in local.get_finished_spans() if s.name == semconv.SPAN_STREAM)
         trace_hex = format(stream.context.trace_id, "032x")
-        scores = [s.json() for s in seen if s.path == "/api/public/scores"]
+        scores = [ev["body"] for s in seen if s.path == "/api/public/ingestion" for ev in s.json()["batch"]]
         assert {sc["traceId"] for sc in scores} == {trace_hex}
         final = [sc for sc in scores if sc["observationId"] == format(stream.context.span_id, "016x")]
         assert any(sc["name"] == "faithfulness" and sc["value"] < 0.7 for sc in final)

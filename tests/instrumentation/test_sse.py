@@ -122,3 +122,95 @@ def test_terminal_frames_setting() -> None:
     assert load_settings({"STREAMJUDGE_TERMINAL_FRAMES": "none"}).terminal_frames == ()
     with pytest.raises(ConfigError, match="STREAMJUDGE_TERMINAL_FRAMES=none"):
         load_settings({"STREAMJUDGE_TERMINAL_FRAMES": "finished"})
+
+
+# --- cost: linear in the bytes fed, however they are chunked (counted, not timed) --------------------------
+def _scanned(body: bytes, chunks: list[bytes], **kwargs: int) -> int:
+    parser = SSEParser(**kwargs)
+    sent = b"".join(parser.feed_split(c)[0] for c in chunks) + parser.flush()
+    assert sent == body
+    return parser.scanned
+
+
+@pytest.mark.parametrize("line_end", ["\n", "\r\n", "\r"])
+def test_a_large_frame_in_small_chunks_is_scanned_once(line_end: str) -> None:
+    # a parser that re-searches its buffer per chunk scans ~n^2/2 KB bytes here (2 GB for 1 KB chunks)
+    body = ('event: token\ndata: {"token": "' + "x" * 900_000 + '"}\n\n').replace("\n", line_end).encode()
+    chunks = [body[i : i + 1024] for i in range(0, len(body), 1024)]
+    whole = _scanned(body, [body])
+    chunked = _scanned(body, chunks)
+    assert whole <= 2 * len(body)
+    # each byte is searched once (+3 per chunk), appended to the buffer and copied out with its frame
+    assert chunked <= 4 * len(body)
+
+
+def test_many_lines_without_a_blank_line_are_scanned_once() -> None:
+    lines = [b"data: line %d\n" % i for i in range(20_000)]
+    body = b"".join(lines) + b"\n"
+    assert _scanned(body, [*lines, b"\n"]) <= 4 * len(body)
+
+
+def test_a_frame_over_the_cap_is_not_buffered() -> None:
+    body = b"data: " + b"x" * 5_000_000 + b"\n\ndata: ok\n\n"
+    chunks = [body[i : i + 1024] for i in range(0, len(body), 1024)]
+    parser = SSEParser(max_frame_bytes=100_000)
+    fed = sent = held = 0
+    frames = []
+    for chunk in chunks:
+        complete, got, _ = parser.feed_split(chunk)
+        frames += got
+        fed += len(chunk)
+        sent += len(complete)
+        held = max(held, fed - sent)
+    assert held <= 100_000 + 1024  # the client's bytes wait for the cap at most
+    assert [f.data for f in frames] == ["ok"]
+    assert parser.skipped == {"frame_too_large": 1}
+    assert parser.scanned <= 3 * len(body)
+
+
+_LINES = st.sampled_from([
+    "event: token", "data: {\"token\": \" done\"}", "data: x" + "y" * 30, "data:x", ": ping", "", "id: 7",
+])
+
+
+@given(st.lists(st.tuples(_LINES, st.sampled_from(["\n", "\r\n", "\r"])), max_size=30),
+       st.lists(st.integers(min_value=0, max_value=2000), max_size=10), st.integers(min_value=1, max_value=40))
+def test_frames_over_the_cap_are_skipped_alike_however_the_stream_is_chunked(
+    lines: list[tuple[str, str]], cuts: list[int], cap: int
+) -> None:
+    raw = "".join(text + end for text, end in lines).encode()
+    whole = SSEParser(max_frame_bytes=cap)
+    expected = whole.feed(raw)
+    parser = SSEParser(max_frame_bytes=cap)
+    sent = b""
+    frames: list[SSEFrame] = []
+    for a, b in itertools.pairwise([0, *sorted(c for c in cuts if c < len(raw)), len(raw)]):
+        complete, got, _ = parser.feed_split(raw[a:b])
+        sent += complete
+        frames += got
+    assert sent + parser.flush() == raw  # nothing lost, nothing changed
+    assert frames == expected
+    assert parser.skipped == whole.skipped
+
+
+@pytest.mark.parametrize("end", [b"\n\n", b"\r\n\r\n", b"\r\r"])
+def test_a_frame_at_the_cap_is_parsed_when_its_end_is_split(end: bytes) -> None:
+    frame = b"data: " + b"x" * 94  # 100 bytes: at the cap, not over it
+    for cut in range(1, len(end)):
+        parser = SSEParser(max_frame_bytes=100)
+        # ("\r\n\r" already ends a frame: a lone "\r" at the end of the buffer counts as a line end)
+        first, second = parser.feed_split(frame + end[:cut]), parser.feed_split(end[cut:])
+        assert first[0] + second[0] + parser.flush() == frame + end
+        assert first[1] + second[1] == [SSEFrame(None, "x" * 94)]
+        assert parser.skipped == {}
+
+
+def test_the_terminal_frame_after_an_oversized_one_is_found() -> None:
+    parser = SSEParser(TERMINAL.sse, max_frame_bytes=50)
+    first, _, at = parser.feed_split(b"data: " + b"x" * 100)
+    assert first == b"data: " + b"x" * 100 and at == -1 and parser.pending  # over the cap: passed through
+    chunk = b"x\n\nevent: token\ndata: a\n\nevent: done\ndata: {}\n\n"
+    complete, frames, at = parser.feed_split(chunk)
+    assert complete == chunk and not parser.pending
+    assert [f.event for f in frames] == ["token", "done"]
+    assert complete[at:].startswith(b"event: done")

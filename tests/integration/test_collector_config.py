@@ -90,7 +90,7 @@ def test_promtool_check_config_accepts_the_shipped_and_the_test_prometheus_confi
     copy.write_text(prometheus_config("127.0.0.1:18889", "127.0.0.1:19093", "127.0.0.1:18888"))
     tested = _run([str(promtool_binary()), "check", "config", str(copy)])
     assert tested.returncode == 0, tested.stdout + tested.stderr
-    assert "10 rules found" in tested.stdout
+    assert "12 rules found" in tested.stdout
 
 
 def test_amtool_accepts_the_alertmanager_config() -> None:

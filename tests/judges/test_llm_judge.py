@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -285,3 +286,23 @@ def test_importing_streamjudge_does_not_import_llm_frameworks() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_faithfulness_names_the_unsupported_sentence_and_reads_the_prefix_as_reference(
+    llm_server: ScriptedLLMServer,
+) -> None:
+    from streamjudge.judging.base import EvalInput
+
+    good, bad = "Paris is in France.", "Paris has 90 million dragons."
+    answer = f"{good} {bad}"
+    it = EvalInput("Where is Paris?", ("Paris is the capital of France.",), answer, kind="checkpoint",
+                   prefix="Here is what I found about the city.", offset=40)
+    result = run(LLMJudge.from_settings(settings(llm_server, "openai")), it)
+    (score,) = result.scores
+    assert score.value == 0.5
+    (one, two) = score.sentences
+    assert answer[one.start : one.end] == good and one.value == 1.0
+    assert answer[two.start : two.end] == bad and two.value == 0.0 and two.reason
+    # the earlier answer went to the model as reference, outside the sentences to check
+    prompt = json.dumps(llm_server.model_requests("/chat/completions")[-1]["body"]["messages"])
+    assert "Earlier part of the answer" in prompt and "Here is what I found" in prompt

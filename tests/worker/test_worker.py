@@ -86,11 +86,16 @@ def _stream(spans: list[ReadableSpan]) -> ReadableSpan:
     return s
 
 
+def _plain(attrs: Any) -> dict[str, Any]:
+    # a sequence attribute is a list or a tuple depending on the path it took; OTLP sends both as an array
+    return {k: tuple(v) if isinstance(v, list | tuple) else v for k, v in dict(attrs or {}).items()}
+
+
 def _verdict(span: ReadableSpan) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
     timing = {semconv.EVAL_LATENCY_MS, semconv.EVAL_ATTEMPTS}
-    attrs = {k: v for k, v in (span.attributes or {}).items()
+    attrs = {k: v for k, v in _plain(span.attributes).items()
              if k.startswith("streamjudge.eval.") and k not in timing}
-    events = [(e.name, dict(e.attributes or {})) for e in span.events
+    events = [(e.name, _plain(e.attributes)) for e in span.events
               if e.name == semconv.EVENT_EVALUATION_RESULT]
     return attrs, events
 
@@ -114,9 +119,9 @@ def test_a_deferred_answer_is_enriched_exactly_as_the_in_process_final_pass_does
     for span in out.spans():
         if span is judged:
             continue
-        assert dict(span.attributes or {}) == dict(sent[ids(span)].attributes or {})
-        assert [(e.name, dict(e.attributes or {})) for e in span.events] == [
-            (e.name, dict(e.attributes or {})) for e in sent[ids(span)].events]
+        assert _plain(span.attributes) == _plain(sent[ids(span)].attributes)
+        assert [(e.name, _plain(e.attributes)) for e in span.events] == [
+            (e.name, _plain(e.attributes)) for e in sent[ids(span)].events]
     assert {ids(s) for s in out.spans()} == set(sent)
 
 

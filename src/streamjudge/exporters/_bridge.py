@@ -2,8 +2,11 @@
 
 :class:`HttpBridge` is the one piece both bridges share. ``emit`` appends to a bounded deque and returns;
 one worker thread (started on first use, re-created after ``fork``) drains the deque in batches, turns each
-batch into JSON requests and sends them with bounded concurrency on its own event loop, retrying transient
-failures (connection errors, timeouts, 429, 5xx) with exponential backoff that honours ``Retry-After``.
+batch into JSON requests and sends them with bounded concurrency on its own event loop (several batches in
+flight at once), retrying transient failures (connection errors, timeouts, 429, 5xx) with exponential
+backoff that honours ``Retry-After``. A backend that answers a batch item by item (Langfuse's 207
+multi-status) reports through ``partial``: refused items are dropped, transiently failed ones retried.
+``force_flush`` and ``shutdown`` honour the process's shutdown deadline (:mod:`streamjudge._deadline`).
 Credentials the backend rejects (401/403) disable the bridge after one log line. Everything that is not
 delivered is counted by reason, reported through a log line (at most one per ``log_interval_s``) and the
 ``streamjudge.export.drops`` counter.
@@ -35,6 +38,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics
 
 from streamjudge import semconv
+from streamjudge._deadline import bounded_millis
+from streamjudge._redact import redact
 from streamjudge.exporters.base import EvaluationRecord
 from streamjudge.results import Score
 
@@ -50,6 +55,13 @@ DROP_INVALID = "invalid_record"
 
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 _AUTH_STATUS = frozenset({401, 403})
+
+
+def is_transient(status: int) -> bool:
+    """Whether an HTTP status (of a request, or of one item in a multi-status answer) is worth a retry."""
+    return status in _RETRY_STATUS
+
+
 # a Retry-After longer than this is clamped: a sink must drain, not park for an hour
 _MAX_RETRY_AFTER_S = 60.0
 
@@ -81,6 +93,23 @@ class JsonRequest:
     body: Any
     items: int
     params: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PartialResult:
+    """What a 2xx answer said about the items of one request, when the backend answers item by item.
+
+    ``rejected`` items were refused for good (counted as ``rejected`` drops); ``retry`` holds the items
+    that failed transiently, to be sent again with backoff; the rest were accepted.
+    """
+
+    rejected: int = 0
+    retry: JsonRequest | None = None
+    detail: str = ""
+
+
+#: reads a 2xx answer of a request; None = every item accepted
+PartialCheck = Callable[[JsonRequest, httpx.Response], PartialResult | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,21 +169,26 @@ def _retry_after_seconds(value: str | None) -> float | None:
 class _Give(Exception):
     """Internal: a request failed for good, with the drop reason and a short, secret-free description."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, delivered: int = 0, refused: int = 0) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+        # items of the request accepted / refused (and counted) by an earlier, partial answer
+        self.delivered = delivered
+        self.refused = refused
 
 
 class HttpBridge:
     """Queue records, deliver them in the background as JSON POSTs. Never blocks, never raises.
 
     ``build`` turns a batch of records into the requests to send (it may raise; the batch is then dropped
-    as ``invalid_record``). Requests of one batch are sent concurrently, at most ``concurrency`` at a time.
+    as ``invalid_record``). At most ``concurrency`` requests are in flight, from one batch or several.
+    ``partial`` (optional) reads a 2xx answer that reports items one by one.
 
     ``force_flush`` waits until every record emitted before the call was delivered or dropped, up to its
     timeout. ``shutdown`` stops accepting records, flushes for up to ``shutdown_timeout_s`` (retries are cut
-    short at that deadline), drops what is left and logs what was lost; it is idempotent.
+    short at that deadline), drops what is left and logs what was lost; it is idempotent. Both wait no
+    longer than an open process shutdown deadline allows.
     """
 
     def __init__(
@@ -175,6 +209,7 @@ class HttpBridge:
         shutdown_timeout_s: float = 5.0,
         log_interval_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        partial: PartialCheck | None = None,
     ) -> None:
         if max_queue < 1 or max_batch < 1 or concurrency < 1 or max_retries < 0:
             raise ValueError("max_queue, max_batch and concurrency must be >= 1, max_retries >= 0")
@@ -193,6 +228,7 @@ class HttpBridge:
         self._shutdown_timeout_s = shutdown_timeout_s
         self._log_interval_s = log_interval_s
         self._transport = transport
+        self._partial = partial
         self._drop_counter: metrics.Counter | None = None
         self._init_state()
         if hasattr(os, "register_at_fork"):
@@ -209,7 +245,9 @@ class HttpBridge:
         self._queue: collections.deque[EvaluationRecord] = collections.deque()
         self._seq = itertools.count(1)  # next() is atomic under the GIL: cheap ticket for emit
         self._emitted = 0  # highest ticket handed out
-        self._done = 0  # records delivered or dropped by the worker
+        # records leave the queue in ticket order; a batch in flight holds back "done" for its tickets
+        self._taken = 0  # tickets the worker took from the queue (or dropped from it)
+        self._open: set[int] = set()  # first ticket of each batch in flight
         self._cond = threading.Condition()
         self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -255,16 +293,21 @@ class HttpBridge:
         """Deliver (or finally drop) everything emitted so far; False if ``timeout_millis`` passed first."""
         target = self._emitted
         if self._thread is None or not self._thread.is_alive():
-            return self._done >= target or not self._queue
+            with self._cond:
+                return self._done_through() >= target or not self._queue
         self._poke()
+        wait_ms = bounded_millis(timeout_millis)
         with self._cond:
-            return self._cond.wait_for(lambda: self._done >= target, timeout=max(0.0, timeout_millis) / 1000)
+            return self._cond.wait_for(
+                lambda: self._done_through() >= target, timeout=None if wait_ms is None else wait_ms / 1000
+            )
 
     def shutdown(self, timeout_millis: int | None = None) -> None:
         """Stop accepting records, flush within the deadline, drop and report the rest. Idempotent."""
         if self._stopping:
             return
-        timeout_s = self._shutdown_timeout_s if timeout_millis is None else timeout_millis / 1000
+        bounded = bounded_millis(timeout_millis, self._shutdown_timeout_s * 1000)
+        timeout_s = (bounded or 0) / 1000
         self._deadline = time.monotonic() + timeout_s
         self._stopping = True
         thread = self._thread
@@ -275,7 +318,7 @@ class HttpBridge:
                     loop.call_soon_threadsafe(self._arm_deadline, timeout_s)
             self._poke()
             # a little slack past the deadline for the worker to account for the cut-short requests
-            thread.join(timeout_s + 1.0)
+            thread.join(timeout_s + 0.25)
         left = sum(_items(r) for r in list(self._queue))
         if left:
             self._queue.clear()
@@ -319,7 +362,8 @@ class HttpBridge:
             otel_context.detach(token)
             # whatever the worker could not handle counts as done so that flushes do not hang
             with self._cond:
-                self._done = max(self._done, self._emitted - len(self._queue))
+                self._taken = max(self._taken, self._emitted - len(self._queue))
+                self._open.clear()
                 self._cond.notify_all()
 
     async def _main(self) -> None:
@@ -327,6 +371,9 @@ class HttpBridge:
         self._wake = asyncio.Event()
         limits = httpx.Limits(max_connections=self._concurrency, max_keepalive_connections=self._concurrency)
         sem = asyncio.Semaphore(self._concurrency)
+        # batches being delivered (at most ``concurrency``): a batch waiting for its answer must not hold
+        # the next one back; the semaphore bounds the requests themselves
+        batches: set[asyncio.Task[None]] = set()
         async with httpx.AsyncClient(
             base_url=self._base_url,
             headers=self._headers.reveal(),
@@ -336,19 +383,48 @@ class HttpBridge:
             follow_redirects=False,
         ) as client:
             while True:
-                if not self._queue and not self._stopping:
+                if not self._queue and not self._stopping and not batches:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), self._schedule_delay_s)
                     self._wake.clear()
                 while self._queue:
+                    while len(batches) >= self._concurrency:
+                        _, batches = await asyncio.wait(batches, return_when=asyncio.FIRST_COMPLETED)
                     batch = [self._queue.popleft() for _ in range(min(self._max_batch, len(self._queue)))]
-                    await self._deliver(client, sem, batch)
                     with self._cond:
-                        self._done += len(batch)
-                        self._cond.notify_all()
+                        first = self._taken + 1
+                        self._taken += len(batch)
+                        self._open.add(first)
+                    batches.add(asyncio.create_task(self._deliver_and_count(client, sem, batch, first)))
+                    await asyncio.sleep(0)  # let it start its requests before the next batch is taken
+                if batches:
+                    # wait for a batch in flight to finish, for a full batch of new records, or for the
+                    # schedule delay (a slow request must not hold back records that arrived meanwhile)
+                    waker = asyncio.ensure_future(self._wake.wait())
+                    done, _ = await asyncio.wait(
+                        [*batches, waker], timeout=self._schedule_delay_s, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    waker.cancel()
+                    batches.difference_update(done)
+                    self._wake.clear()
+                    continue
                 self._report_drops()
                 if self._stopping and not self._queue:
                     return
+
+    async def _deliver_and_count(
+        self, client: httpx.AsyncClient, sem: asyncio.Semaphore, batch: list[EvaluationRecord], first: int
+    ) -> None:
+        try:
+            await self._deliver(client, sem, batch)
+        finally:
+            with self._cond:
+                self._open.discard(first)
+                self._cond.notify_all()
+
+    def _done_through(self) -> int:
+        """The highest ticket up to which every record was delivered or dropped (call under ``_cond``)."""
+        return min(self._open) - 1 if self._open else self._taken
 
     async def _deliver(
         self, client: httpx.AsyncClient, sem: asyncio.Semaphore, batch: list[EvaluationRecord]
@@ -369,10 +445,11 @@ class HttpBridge:
         async def one(req: JsonRequest) -> None:
             try:
                 async with sem:
-                    await self._send(client, req)
-                self._sent += req.items
+                    delivered = await self._send(client, req)
+                self._sent += delivered
             except _Give as give:
-                self._count_drop(give.reason, req.items, give.detail)
+                self._sent += give.delivered
+                self._count_drop(give.reason, req.items - give.delivered - give.refused, give.detail)
             except asyncio.CancelledError:  # cut short by the shutdown deadline (_cancel_inflight)
                 self._count_drop(DROP_SHUTDOWN, req.items, "in flight at the shutdown deadline")
 
@@ -391,16 +468,18 @@ class HttpBridge:
         for task in list(self._inflight):
             task.cancel()
 
-    async def _send(self, client: httpx.AsyncClient, req: JsonRequest) -> None:
+    async def _send(self, client: httpx.AsyncClient, req: JsonRequest) -> int:
+        """POST ``req`` (retrying transient failures); the number of its items the backend accepted."""
         attempt = 0
+        delivered = refused = 0
         while True:
             if self._disabled:
-                raise _Give(DROP_AUTH, "credentials were rejected earlier")
+                raise _Give(DROP_AUTH, "credentials were rejected earlier", delivered, refused)
             timeout = self._request_timeout_s
             if self._deadline is not None:
                 timeout = min(timeout, self._deadline - time.monotonic())
                 if timeout <= 0:
-                    raise _Give(DROP_SHUTDOWN, "shutdown deadline passed")
+                    raise _Give(DROP_SHUTDOWN, "shutdown deadline passed", delivered, refused)
             retry_after: float | None = None
             try:
                 resp = await client.post(req.path, json=req.body, params=dict(req.params), timeout=timeout)
@@ -409,25 +488,54 @@ class HttpBridge:
             else:
                 status = resp.status_code
                 if status < 300:
-                    return
-                if status in _AUTH_STATUS:
-                    self._disable(status)
-                    raise _Give(DROP_AUTH, f"HTTP {status}")
-                if status not in _RETRY_STATUS:
-                    raise _Give(DROP_REJECTED, f"HTTP {status}: {_short(resp)}")
-                detail = f"HTTP {status}"
-                retry_after = _retry_after_seconds(resp.headers.get("retry-after"))
+                    part = self._read_partial(req, resp)
+                    if part is None:
+                        return delivered + req.items
+                    retry_items = part.retry.items if part.retry is not None else 0
+                    if part.rejected:
+                        self._count_drop(DROP_REJECTED, part.rejected, part.detail or f"HTTP {status}")
+                    refused += part.rejected
+                    delivered += max(0, req.items - part.rejected - retry_items)
+                    if part.retry is None or retry_items <= 0:
+                        return delivered
+                    req = part.retry  # only the items that failed transiently go again
+                    detail = f"HTTP {status} with {retry_items} item(s) to retry"
+                else:
+                    if status in _AUTH_STATUS:
+                        self._disable(status)
+                        raise _Give(DROP_AUTH, f"HTTP {status}", delivered, refused)
+                    if status not in _RETRY_STATUS:
+                        raise _Give(DROP_REJECTED, f"HTTP {status}: {_short(resp)}", delivered, refused)
+                    detail = f"HTTP {status}"
+                    retry_after = _retry_after_seconds(resp.headers.get("retry-after"))
             if attempt >= self._max_retries:
-                raise _Give(DROP_RETRIES, f"{detail} after {attempt + 1} attempt(s)")
+                raise _Give(DROP_RETRIES, f"{detail} after {attempt + 1} attempt(s)", delivered, refused)
             delay = min(self._max_backoff_s, self._backoff_s * (2**attempt)) * random.uniform(0.8, 1.2)
             if retry_after is not None:
                 delay = min(retry_after, _MAX_RETRY_AFTER_S)
             if self._deadline is not None and time.monotonic() + delay >= self._deadline:
-                raise _Give(DROP_SHUTDOWN, f"{detail}; shutdown deadline before the next retry")
+                raise _Give(
+                    DROP_SHUTDOWN, f"{detail}; shutdown deadline before the next retry", delivered, refused
+                )
             attempt += 1
             self._retries += 1
             _logger.debug("%s: %s, retry %d in %.2fs", self.name, detail, attempt, delay)
             await asyncio.sleep(delay)
+
+    def _read_partial(self, req: JsonRequest, resp: httpx.Response) -> PartialResult | None:
+        if self._partial is None:
+            return None
+        try:
+            part = self._partial(req, resp)
+        except Exception:  # an answer we cannot read was still a 2xx: count the items as delivered
+            _logger.debug("%s: could not read a %d answer", self.name, resp.status_code, exc_info=True)
+            return None
+        if part is None:
+            return None
+        rejected = max(0, min(part.rejected, req.items))
+        if part.retry is not None and part.retry.items <= 0:
+            return PartialResult(rejected, None, part.detail)
+        return PartialResult(rejected, part.retry, part.detail)
 
     def _disable(self, status: int) -> None:
         if not self._disabled:
@@ -444,7 +552,7 @@ class HttpBridge:
             dropped = [self._queue.popleft() for _ in range(left)]
             self._count_drop(DROP_AUTH, sum(_items(r) for r in dropped))
             with self._cond:
-                self._done += left
+                self._taken += left
                 self._cond.notify_all()
 
     # --- drop accounting --------------------------------------------------------------------------
@@ -501,8 +609,7 @@ def _short(resp: httpx.Response) -> str:
         text = resp.text
     except Exception:
         return "<unreadable body>"
-    text = " ".join(text.split())
-    return text[:200]
+    return redact(" ".join(text[:4000].split()))[:200]  # a rejected request's body may echo the key
 
 
 class BridgeSink:

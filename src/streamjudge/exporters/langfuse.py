@@ -2,8 +2,9 @@
 
 Langfuse ingests OpenTelemetry spans at ``{host}/api/public/otel/v1/traces`` (Basic auth: public key as
 user, secret key as password) and reads its own ``langfuse.*`` attributes from them. It does not read
-evaluation results from OTel, so :class:`LangfuseScoreSink` posts every score to ``POST /api/public/scores``
-as well, addressed to the judged span (``traceId`` + ``observationId``).
+evaluation results from OTel, so :class:`LangfuseScoreSink` posts the scores to its batch ingestion API
+(``POST /api/public/ingestion``, ``score-create`` events) as well, addressed to the judged span
+(``traceId`` + ``observationId``).
 
 An application that already traces with the Langfuse SDK (``Langfuse(...)`` / ``get_client()``) exports to
 Langfuse through the SDK's own span processor; streamjudge then joins it instead (see
@@ -38,6 +39,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -53,8 +55,19 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
+from streamjudge._deadline import bounded_millis, current_deadline
 from streamjudge._spans import copy_span
-from streamjudge.exporters._bridge import BridgeSink, HttpBridge, JsonRequest, Secret, result_name
+from streamjudge.exporters._bridge import (
+    BridgeSink,
+    HttpBridge,
+    JsonRequest,
+    PartialResult,
+    Secret,
+    is_transient,
+    result_name,
+)
+from streamjudge.exporters._content import capture_content_from_env, scrub_explanation
+from streamjudge.exporters._counting import CountingSpanExporter, counting
 from streamjudge.exporters.base import EvaluationRecord, find_span_processors
 from streamjudge.results import Score
 
@@ -63,6 +76,12 @@ _logger = logging.getLogger(__name__)
 DEFAULT_HOST = "https://cloud.langfuse.com"
 OTLP_TRACES_PATH = "/api/public/otel/v1/traces"
 SCORES_PATH = "/api/public/scores"
+INGESTION_PATH = "/api/public/ingestion"
+SCORE_CREATE = "score-create"
+# Langfuse takes up to 3.5 MB per ingestion batch; stay well under it, and under a count that keeps one
+# request's retry cheap
+MAX_EVENTS_PER_BATCH = 200
+MAX_BATCH_BYTES = 2_500_000
 
 ENV_PUBLIC_KEY = "LANGFUSE_PUBLIC_KEY"
 ENV_SECRET_KEY = "LANGFUSE_SECRET_KEY"
@@ -245,9 +264,12 @@ class LangfuseSpanExporter(SpanExporter):
                 mapped.append(span)
         return self._exporter.export(mapped)
 
-    def shutdown(self) -> None:
-        """Shut the wrapped exporter down."""
-        self._exporter.shutdown()
+    def shutdown(self, timeout_millis: float | None = None) -> None:  # type: ignore[override]
+        """Shut the wrapped exporter down (within ``timeout_millis`` when it takes one)."""
+        if timeout_millis is not None and isinstance(self._exporter, CountingSpanExporter):
+            self._exporter.shutdown(timeout_millis)
+        else:
+            self._exporter.shutdown()
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Flush the wrapped exporter."""
@@ -265,7 +287,8 @@ def langfuse_exporter_from_env(
 ) -> SpanExporter | None:
     """An OTLP/HTTP exporter to Langfuse with the attribute mapping, or ``None`` when the keys are not set.
 
-    Put it behind a ``BatchSpanProcessor`` like any exporter.
+    Put it behind a ``BatchSpanProcessor`` like any exporter. Failed exports are counted
+    (``streamjudge.export.failures{exporter="langfuse"}``).
     """
     env = os.environ if env is None else env
     keys = _keys(env)
@@ -280,7 +303,7 @@ def langfuse_exporter_from_env(
     inner = OTLPSpanExporter(
         endpoint=langfuse_host(env) + OTLP_TRACES_PATH, headers=headers, timeout=timeout_s
     )
-    return LangfuseSpanExporter(inner, trace_name=trace_name)
+    return LangfuseSpanExporter(counting(inner, "langfuse"), trace_name=trace_name)
 
 
 # --- scores --------------------------------------------------------------------------------------------
@@ -306,8 +329,15 @@ def score_metadata(record: EvaluationRecord, score: Score) -> dict[str, Any]:
     return metadata
 
 
-def score_body(record: EvaluationRecord, score: Score, *, environment: str | None = None) -> dict[str, Any]:
-    """The JSON body of ``POST /api/public/scores`` for one score (``CreateScoreRequest``)."""
+def score_body(
+    record: EvaluationRecord,
+    score: Score,
+    *,
+    environment: str | None = None,
+    capture_content: bool = True,
+) -> dict[str, Any]:
+    """A Langfuse score (``ScoreBody`` of a ``score-create`` event, the same fields as
+    ``CreateScoreRequest``) for one score. Without content capture the comment carries no quoted text."""
     body: dict[str, Any] = {
         "id": score_id(record, score),
         "traceId": record.trace_id_hex,
@@ -317,18 +347,83 @@ def score_body(record: EvaluationRecord, score: Score, *, environment: str | Non
         "dataType": "NUMERIC",
         "metadata": score_metadata(record, score),
     }
-    if score.explanation:
-        body["comment"] = score.explanation
+    comment = scrub_explanation(score.explanation, capture_content)
+    if comment:
+        body["comment"] = comment
     if environment:
         body["environment"] = environment
     return body
 
 
-class LangfuseScoreSink(BridgeSink):
-    """Posts each score of each evaluation record to Langfuse's scores API in the background.
+def score_event(body: Mapping[str, Any], timestamp_ns: int) -> dict[str, Any]:
+    """A ``score-create`` ingestion event around ``body``.
 
-    One request per score (the scores API takes one score per call; Langfuse's batch ingestion endpoint is
-    deprecated), ``concurrency`` requests in flight. Scores without a value (skipped metrics) are not sent.
+    The event id is new for every event (Langfuse deduplicates retried events by it); the score id inside
+    stays deterministic, so a score emitted twice is upserted, not doubled.
+    """
+    return {"id": str(uuid.uuid4()), "timestamp": _iso(timestamp_ns), "type": SCORE_CREATE, "body": body}
+
+
+def ingestion_requests(events: Sequence[Mapping[str, Any]]) -> list[JsonRequest]:
+    """``events`` as ``POST /api/public/ingestion`` requests of at most :data:`MAX_EVENTS_PER_BATCH`
+    events and about :data:`MAX_BATCH_BYTES` each."""
+    out: list[JsonRequest] = []
+    batch: list[Mapping[str, Any]] = []
+    size = 0
+    for ev in events:
+        n = len(json.dumps(ev, separators=(",", ":"), default=str)) + 1
+        if batch and (len(batch) >= MAX_EVENTS_PER_BATCH or size + n > MAX_BATCH_BYTES):
+            out.append(JsonRequest(INGESTION_PATH, {"batch": batch}, len(batch)))
+            batch, size = [], 0
+        batch.append(ev)
+        size += n
+    if batch:
+        out.append(JsonRequest(INGESTION_PATH, {"batch": batch}, len(batch)))
+    return out
+
+
+def ingestion_outcome(req: JsonRequest, resp: httpx.Response) -> PartialResult | None:
+    """Read Langfuse's ingestion answer (``IngestionResponse``: ``successes`` / ``errors``, each with the
+    event ``id`` and a ``status``; HTTP 207 when some events failed). Events that failed with a transient
+    status (429, 5xx) are sent again; the others are refused for good."""
+    if resp.status_code != 207 and not resp.content:
+        return None
+    try:
+        data = resp.json()
+    except ValueError:
+        return None
+    errors = data.get("errors") if isinstance(data, dict) else None
+    if not isinstance(errors, list) or not errors:
+        return None
+    by_id = {ev.get("id"): ev for ev in req.body.get("batch", ())}
+    retry: list[Any] = []
+    refused = 0
+    reasons: dict[str, int] = {}
+    for err in errors:
+        if not isinstance(err, dict):
+            continue
+        event = by_id.pop(err.get("id"), None)
+        if event is None:
+            continue
+        status = err.get("status")
+        if isinstance(status, int) and is_transient(status):
+            retry.append(event)
+        else:
+            refused += 1
+            msg = str(err.get("message") or err.get("error") or status)[:80]
+            reasons[msg] = reasons.get(msg, 0) + 1
+    detail = "; ".join(f"{n}x {m}" for m, n in reasons.items())
+    again = JsonRequest(req.path, {"batch": retry}, len(retry)) if retry else None
+    return PartialResult(refused, again, detail)
+
+
+class LangfuseScoreSink(BridgeSink):
+    """Sends the scores of evaluation records to Langfuse in the background, batched.
+
+    Scores go as ``score-create`` events to the batch ingestion API (``POST /api/public/ingestion``), up
+    to :data:`MAX_EVENTS_PER_BATCH` per request and ``concurrency`` requests in flight; per-event errors of
+    a 207 answer are retried (transient) or counted as ``rejected``. Scores without a value (skipped
+    metrics) are not sent. ``capture_content=False`` keeps quoted answer text out of score comments.
     See :class:`~streamjudge.exporters._bridge.HttpBridge` for queueing, retry and shutdown semantics.
     """
 
@@ -339,26 +434,33 @@ class LangfuseScoreSink(BridgeSink):
         *,
         host: str = DEFAULT_HOST,
         environment: str | None = None,
+        capture_content: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         **bridge_options: Any,
     ) -> None:
         self._environment = environment
+        self._capture = capture_content
         self._bridge = HttpBridge(
             name="langfuse-scores",
             base_url=host,
             build=self._build,
             headers=Secret({"Authorization": basic_auth_header(public_key, secret_key)}),
             transport=transport,
+            partial=ingestion_outcome,
             **bridge_options,
         )
 
     def _build(self, records: Sequence[EvaluationRecord]) -> list[JsonRequest]:
-        return [
-            JsonRequest(SCORES_PATH, score_body(r, s, environment=self._environment), 1)
+        events = [
+            score_event(
+                score_body(r, s, environment=self._environment, capture_content=self._capture),
+                r.timestamp_ns,
+            )
             for r in records
             for s in r.scores
-            if s.value is not None
+            if s.value is not None and math.isfinite(s.value)
         ]
+        return ingestion_requests(events)
 
 
 def langfuse_score_sink_from_env(
@@ -369,6 +471,7 @@ def langfuse_score_sink_from_env(
     keys = _keys(env)
     if keys is None:
         return None
+    options.setdefault("capture_content", capture_content_from_env(env))
     return LangfuseScoreSink(
         *keys,
         host=langfuse_host(env),
@@ -457,17 +560,21 @@ class LangfuseClientScoreSink:
     both, or twice, is stored once.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, *, capture_content: bool | None = None) -> None:
         self._client = client
+        self._capture = capture_content_from_env() if capture_content is None else capture_content
         self._flushing = threading.local()
 
     @classmethod
-    def for_processor(cls, processor: SpanProcessor) -> LangfuseClientScoreSink | None:
+    def for_processor(
+        cls, processor: SpanProcessor, *, capture_content: bool | None = None
+    ) -> LangfuseClientScoreSink | None:
         """The sink for the client that owns an SDK span processor (found by its public key)."""
         try:
             from langfuse import get_client
 
-            return cls(get_client(public_key=getattr(processor, "public_key", None)))
+            client = get_client(public_key=getattr(processor, "public_key", None))
+            return cls(client, capture_content=capture_content)
         except Exception as exc:  # no usable client: the app's spans still flow, scores stay on them
             _logger.warning("streamjudge: no Langfuse SDK client for scores (%s)", exc)
             return None
@@ -485,7 +592,7 @@ class LangfuseClientScoreSink:
                     observation_id=record.span_id_hex,
                     score_id=score_id(record, score),
                     data_type="NUMERIC",
-                    comment=score.explanation or None,
+                    comment=scrub_explanation(score.explanation, self._capture) or None,
                     metadata=score_metadata(record, score),
                 )
             except Exception:  # never raise into the judge pool
@@ -499,6 +606,22 @@ class LangfuseClientScoreSink:
         """
         if getattr(self._flushing, "active", False):
             return True
+        wait_ms = bounded_millis(timeout_millis)
+        if wait_ms is not None and current_deadline() is not None:
+            # the SDK's flush takes no timeout: under a shutdown deadline run it aside and stop waiting
+            # when the deadline passes (the SDK's own atexit flush may still finish it)
+            done = threading.Event()
+            ok: list[bool] = []
+
+            def run() -> None:
+                ok.append(self._flush_now())
+                done.set()
+
+            threading.Thread(target=run, name="streamjudge-langfuse-flush", daemon=True).start()
+            return done.wait(wait_ms / 1000) and all(ok)
+        return self._flush_now()
+
+    def _flush_now(self) -> bool:
         self._flushing.active = True
         try:
             self._client.flush()

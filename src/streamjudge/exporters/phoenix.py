@@ -23,6 +23,8 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from streamjudge.exporters._bridge import BridgeSink, HttpBridge, JsonRequest, Secret, result_name
+from streamjudge.exporters._content import capture_content_from_env, scrub_explanation
+from streamjudge.exporters._counting import counting
 from streamjudge.exporters.base import EvaluationRecord, find_span_processors
 from streamjudge.results import Score
 
@@ -53,15 +55,17 @@ def phoenix_exporter_from_env(
     env: Mapping[str, str] | None = None, *, require_env: bool = True, timeout_s: float | None = None
 ) -> SpanExporter | None:
     """An OTLP/HTTP span exporter to Phoenix, or ``None`` when ``PHOENIX_COLLECTOR_ENDPOINT`` is unset
-    (and ``require_env``)."""
+    (and ``require_env``). Failed exports are counted in
+    ``streamjudge.export.failures{exporter="phoenix"}``."""
     env = os.environ if env is None else env
     if require_env and not env.get(ENV_ENDPOINT):
         return None
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return OTLPSpanExporter(
+    exporter = OTLPSpanExporter(
         endpoint=phoenix_endpoint(env) + OTLP_TRACES_PATH, headers=_auth(env), timeout=timeout_s
     )
+    return counting(exporter, "phoenix")
 
 
 def phoenix_otel_processors(processor: object) -> list[SpanProcessor]:
@@ -75,20 +79,22 @@ def annotator_kind(judge: str) -> str:
     return "LLM" if base in LLM_JUDGES else "CODE"
 
 
-def annotation(record: EvaluationRecord, score: Score) -> dict[str, Any]:
+def annotation(record: EvaluationRecord, score: Score, *, capture_content: bool = True) -> dict[str, Any]:
     """One ``SpanAnnotationData`` for ``score`` of ``record``.
 
     A skipped metric becomes an annotation with label ``skipped`` and the reason as explanation, so the
-    span shows why it has no score.
+    span shows why it has no score. Without content capture the explanation carries no quoted text.
     """
     if score.value is None:
-        result: dict[str, Any] = {"label": "skipped", "explanation": score.skipped or score.explanation}
+        why = score.skipped or scrub_explanation(score.explanation, capture_content)
+        result: dict[str, Any] = {"label": "skipped", "explanation": why}
     else:
         result = {"score": float(score.value)}
         if score.label is not None:
             result["label"] = score.label
-        if score.explanation:
-            result["explanation"] = score.explanation
+        explanation = scrub_explanation(score.explanation, capture_content)
+        if explanation:
+            result["explanation"] = explanation
     metadata: dict[str, Any] = {
         "judge": record.judge,
         "trace_id": record.trace_id_hex,
@@ -117,9 +123,11 @@ class PhoenixAnnotationSink(BridgeSink):
         endpoint: str = DEFAULT_ENDPOINT,
         *,
         api_key: str | None = None,
+        capture_content: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         **bridge_options: Any,
     ) -> None:
+        self._capture = capture_content
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._bridge = HttpBridge(
             name="phoenix-annotations",
@@ -130,9 +138,8 @@ class PhoenixAnnotationSink(BridgeSink):
             **bridge_options,
         )
 
-    @staticmethod
-    def _build(records: Sequence[EvaluationRecord]) -> list[JsonRequest]:
-        data = [annotation(r, s) for r in records for s in r.scores]
+    def _build(self, records: Sequence[EvaluationRecord]) -> list[JsonRequest]:
+        data = [annotation(r, s, capture_content=self._capture) for r in records for s in r.scores]
         return [
             JsonRequest(
                 SPAN_ANNOTATIONS_PATH,
@@ -152,6 +159,7 @@ def phoenix_annotation_sink_from_env(
     env = os.environ if env is None else env
     if require_env and not env.get(ENV_ENDPOINT):
         return None
+    options.setdefault("capture_content", capture_content_from_env(env))
     return PhoenixAnnotationSink(
         phoenix_endpoint(env), api_key=(env.get(ENV_API_KEY) or None), **options
     )

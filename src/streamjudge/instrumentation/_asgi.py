@@ -1,32 +1,39 @@
 """ASGI middleware: the answer stream of each HTTP response body or WebSocket, watched as it is sent.
 
 It sits inside the request span (first of the app's own middlewares), so every stream span is a child of
-the request. Per request it binds a stream to the trace (see ``_binding``); the LangGraph callbacks feed it
-the answer tokens, or — for apps whose tokens do not come from an instrumented graph — the body itself
-does: SSE frames (``text/event-stream``, e.g. ``StreamingResponse`` or sse-starlette's
-``EventSourceResponse``), JSON lines, plain text chunks and WebSocket messages are parsed and their token
-extracted. The app's frames pass through unchanged, whole frames at a time (the bytes of a frame split
-across chunks go out when it is complete); the guard's ``warning`` / ``retract`` / ``stop`` events are
-injected between frames in the app's format (a hook decides how). The app's terminal frame (``event:
-done``, ``data: [DONE]``, a ``{"type": "done"}`` line …; ``terminal_frames``) is held back until the
-stream's tail checkpoint was judged (bounded by ``end_wait_s``) and its events were sent, so a front end
-that stops reading at that frame still sees the last warning. A stop ends the body; a client that
-disconnects ends the stream span with ``disconnected`` and cancels its queued judge work.
+the request. Per request whose path may carry an answer (``routes_include`` / ``routes_exclude``) and
+whose span is recording, it binds a stream to the trace (see ``_binding``); the answer node's chat-model
+stream feeds it (``_model``), or — for apps whose tokens do not come from an instrumented graph — the
+streamed body itself does: SSE frames (``text/event-stream``, e.g. ``StreamingResponse`` or
+sse-starlette's ``EventSourceResponse``), JSON lines, streamed plain text and WebSocket messages are
+parsed and their token extracted. A response that is not a stream (``/metrics``, a JSON reply) feeds
+nothing; an answer the graph produced for it is still judged.
+
+By default the client receives exactly the app's bytes, message by message: the stream's last verdicts
+are awaited after the body ended. With ``client_events`` on, the guard's ``warning`` / ``retract`` /
+``stop`` events are injected between the app's frames in its own format (a hook decides how; whole
+frames only, so the bytes of a frame split across chunks go out when it is complete), and the app's
+terminal frame (``event: done``, ``data: [DONE]``, a ``{"type": "done"}`` line …; ``terminal_frames``) is
+held back until the tail checkpoint was judged (bounded by ``end_wait_s``) and its events were sent. A stop
+of a body-fed stream ends the body; a client that disconnects ends the stream span with ``disconnected``
+and cancels its queued judge work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from streamjudge.config import DEFAULT_TERMINAL_FRAMES
+from streamjudge.config import DEFAULT_ROUTES_EXCLUDE, DEFAULT_TERMINAL_FRAMES
 from streamjudge.instrumentation import _binding
 from streamjudge.instrumentation._binding import StreamBinding
 from streamjudge.instrumentation._sse import (
@@ -39,6 +46,7 @@ from streamjudge.instrumentation._sse import (
     json_event_name,
     make_token_extractor,
     render_sse,
+    render_sse_data,
 )
 
 if TYPE_CHECKING:
@@ -52,7 +60,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-FrameKind = Literal["sse", "ndjson", "text", "websocket"]
+#: ``sse-data``: an SSE app whose frames are data-only JSON (``data: {"type": "token", ...}``)
+FrameKind = Literal["sse", "sse-data", "ndjson", "text", "websocket"]
 #: (event, frame kind) -> what to send for a guard event: bytes/str for bodies, str/dict for WebSocket
 #: messages, or None to send nothing
 FrameHook = Callable[["StreamEvent", FrameKind], "bytes | str | Mapping[str, Any] | None"]
@@ -70,11 +79,14 @@ def event_payload(event: StreamEvent) -> dict[str, Any]:
 
 
 def default_frame_hook(event: StreamEvent, kind: FrameKind) -> bytes | str | Mapping[str, Any] | None:
-    """``event: warning`` + JSON for SSE, a JSON line for NDJSON, a JSON message on WebSockets."""
+    """``event: warning`` + JSON for SSE (a data-only ``{"type": "warning", ...}`` frame for apps whose
+    frames are data-only), a JSON line for NDJSON, a JSON message on WebSockets."""
     if event.type not in DEFAULT_INJECT:
         return None
     if kind == "sse":
         return render_sse(event.type, event_payload(event))
+    if kind == "sse-data":
+        return render_sse_data(event_payload(event))
     if kind == "ndjson":
         return (json.dumps(event_payload(event), default=str) + "\n").encode()
     if kind == "websocket":
@@ -148,8 +160,15 @@ class StreamJudgeMiddleware:
         token_extractor: TokenExtractor | None = None,
         frame_hook: FrameHook | None = None,
         terminal_frames: Iterable[str] | None = None,
+        client_events: bool | None = None,
+        routes_include: Iterable[str] = (),
+        routes_exclude: Iterable[str] = DEFAULT_ROUTES_EXCLUDE,
     ) -> None:
         self.app = app
+        # an explicit frame hook asks for client events unless they are switched off explicitly
+        self._client_events = frame_hook is not None if client_events is None else client_events
+        self._include = tuple(routes_include)
+        self._exclude = tuple(routes_exclude)
         self._terminal = TerminalFrames(DEFAULT_TERMINAL_FRAMES if terminal_frames is None
                                         else terminal_frames)
         self._path = tuple(token_field.split(".")) if token_field else None
@@ -157,9 +176,16 @@ class StreamJudgeMiddleware:
         self._hook = frame_hook or default_frame_hook
         self._tracer = trace.get_tracer(__name__)
 
+    def _judged_route(self, path: str) -> bool:
+        if self._include and not any(fnmatch.fnmatchcase(path, p) for p in self._include):
+            return False
+        return not any(fnmatch.fnmatchcase(path, p) for p in self._exclude)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
-        if kind == "http":
+        if kind in ("http", "websocket") and not self._judged_route(scope.get("path", "")):
+            await self.app(scope, receive, send)
+        elif kind == "http":
             await self._http(scope, receive, send)
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
@@ -168,7 +194,9 @@ class StreamJudgeMiddleware:
 
     # --- helpers -----------------------------------------------------------------------------------
     def _render(self, events: list[StreamEvent], kind: FrameKind) -> list[Any]:
-        out = []
+        out: list[Any] = []
+        if not self._client_events:
+            return out
         for ev in events:
             try:
                 frame = self._hook(ev, kind)
@@ -179,24 +207,42 @@ class StreamJudgeMiddleware:
                 out.append(frame)
         return out
 
-    def _bind(self, scope: Scope, owner: str) -> tuple[StreamBinding, Any]:
+    def _bind(self, scope: Scope, owner: str) -> tuple[StreamBinding | None, Any]:
+        """The request's stream, or None when its span does not record (unsampled, SDK disabled)."""
+        start_ns = time.time_ns()
         ctx = otel_context.get_current()
-        span_ctx = trace.get_current_span(ctx).get_span_context()
+        current = trace.get_current_span(ctx)
+        span_ctx = current.get_span_context()
         own_span = None
         if not span_ctx.is_valid:
             # no server instrumentation in front of us: the stream still needs a trace to live in
             method = scope.get("method", "WS") if owner == "http" else "WS"
             name = f"{method} {scope.get('path', '')}"
-            own_span = self._tracer.start_span(name, kind=trace.SpanKind.SERVER)
+            from streamjudge.runtime import current_runtime
+
+            rt = current_runtime()  # the judged provider, also when it is not the global one
+            tracer = rt.tracer if rt is not None else self._tracer
+            own_span = tracer.start_span(name, kind=trace.SpanKind.SERVER)
             ctx = trace.set_span_in_context(own_span, ctx)
+            current = own_span
             span_ctx = own_span.get_span_context()
-        binding = StreamBinding(span_ctx.trace_id, owner=owner, parent=ctx)
+        if not current.is_recording():
+            # nobody will ever judge this trace: nothing may wait for its verdicts
+            if own_span is not None:
+                own_span.end()
+            return None, None
+        binding = StreamBinding(span_ctx.trace_id, owner=owner, parent=ctx, request_start_ns=start_ns)
         _binding.bind(binding)
         return binding, own_span
 
     # --- HTTP ----------------------------------------------------------------------------------------
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        binding, own_span = self._bind(scope, "http")
+        bound, own_span = self._bind(scope, "http")
+        if bound is None:
+            await self.app(scope, receive, send)
+            return
+        binding = bound
+        events_on = self._client_events
         parser: SSEParser | None = None
         line_buf = b""
         mode: FrameKind | None = None
@@ -205,6 +251,8 @@ class StreamJudgeMiddleware:
         body_done = False  # the last body message went out
         # created now, not at the response start: a response may wait in receive() before it starts
         stop_wake = asyncio.Event()
+        sse_style: FrameKind = "sse"  # "sse-data" once the app's first frame turns out data-only
+        styled = False
         extract = self._extract
         path = self._path
         terminal = self._terminal
@@ -215,7 +263,7 @@ class StreamJudgeMiddleware:
 
         async def send_events(events: list[StreamEvent]) -> None:
             assert mode is not None
-            for frame in self._render(events, mode):
+            for frame in self._render(events, sse_style if mode == "sse" else mode):
                 body = frame.encode() if isinstance(frame, str) else frame
                 if isinstance(body, bytes | bytearray):
                     await send_body(bytes(body), True)
@@ -246,7 +294,7 @@ class StreamJudgeMiddleware:
                     continue
                 try:
                     payload = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: JSON nested too deeply
                     continue
                 if maybe_terminal and terminal.json(payload):
                     return complete, at
@@ -256,11 +304,43 @@ class StreamJudgeMiddleware:
                         binding.feed(tok, "body")
             return complete, -1
 
+        async def pass_through(message: Message) -> None:
+            # client events off: the app's messages go out as they are; tokens are only read from them
+            nonlocal body_done
+            body = message.get("body", b"")
+            more = message.get("more_body", False)
+            if body and binding.source != "graph" and not binding.closed:
+                if parser is not None:
+                    for f in parser.feed_split(body, True)[1]:
+                        tok = extract(f)
+                        if tok:
+                            binding.feed(tok, "body")
+                elif mode == "ndjson":
+                    split_ndjson(bytes(body))
+                elif mode == "text" and (more or binding.source == "body"):  # a streamed text body
+                    binding.feed(bytes(body).decode("utf-8", "replace"), "body")
+            await send(message)
+            if more and binding.stopped and binding.source == "body":
+                await end_body()
+                return
+            if not more:
+                body_done = True
+                if binding.session is not None:
+                    await finish_stream(binding)  # verdicts in flight land on the span; nothing is sent
+
         async def wrapped_send(message: Message) -> None:
-            nonlocal mode, parser, started, line_buf, body_done
+            nonlocal mode, parser, started, line_buf, body_done, sse_style, styled
             if ended:
                 return
             mtype = message["type"]
+            if mtype == "http.response.body" and mode is not None and not events_on:
+                await pass_through(message)
+                return
+            if mode == "sse" and not styled and message.get("body"):
+                styled = True
+                head = bytes(message["body"]).lstrip()
+                if head.startswith(b"data:"):
+                    sse_style = "sse-data"
             if mtype == "http.response.start":
                 mode = _mode_for(message.get("headers"))
                 started = True
@@ -288,7 +368,7 @@ class StreamJudgeMiddleware:
                 complete, at = split_ndjson(bytes(body)) if body else (b"", -1)
             else:
                 complete = bytes(body)
-                if body and binding.source != "graph":
+                if body and binding.source != "graph" and (more or binding.source == "body"):
                     binding.feed(complete.decode("utf-8", "replace"), "body")
             if at < 0 and more:
                 # the hot path: forward whole frames, then whatever the guard has to say
@@ -354,7 +434,8 @@ class StreamJudgeMiddleware:
                 if outcome != "completed":
                     binding.abort(outcome)
                 elif binding.session is not None:
-                    binding.finish()  # tokens fed but no streamed body (e.g. a JSON endpoint)
+                    # an answer without a streamed body (a JSON endpoint): its verdicts still count
+                    await finish_stream(binding)
             except Exception:
                 _log.exception("streamjudge: could not close the answer stream")
             if token is not None:
@@ -364,7 +445,12 @@ class StreamJudgeMiddleware:
 
     # --- WebSocket -----------------------------------------------------------------------------------
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        binding, own_span = self._bind(scope, "websocket")
+        bound, own_span = self._bind(scope, "websocket")
+        if bound is None:
+            await self.app(scope, receive, send)
+            return
+        binding = bound
+        events_on = self._client_events
         extract_path = self._path
         swallow = False  # after a stop: drop the rest of this answer until the app's done message
 
@@ -390,17 +476,24 @@ class StreamJudgeMiddleware:
                         payload = json.loads(text)
                     except ValueError:
                         payload = None
+                    except RecursionError:  # JSON nested too deeply to read: pass it on, no token
+                        await send(message)
+                        return
                 event = json_event_name(payload)
                 if event in DONE_EVENTS or (payload is not None and self._terminal.json(payload)):
                     swallow = False
+                    if not events_on:
+                        await send(message)
                     if binding.session is not None:
                         await send_events(await finish_stream(binding))
                     binding.closed = False
                     binding.source = None
-                    await send(message)
+                    binding.node_start_ns = 0
+                    if events_on:
+                        await send(message)
                     return
                 tok = extract_from_json(payload, extract_path) if payload is not None else text
-                if swallow and tok:
+                if swallow and tok and events_on:
                     return
                 if tok and binding.source != "graph":
                     binding.feed(tok, "body")
@@ -418,6 +511,8 @@ class StreamJudgeMiddleware:
             message = await receive()
             if message["type"] == "websocket.disconnect":
                 binding.abort("disconnected")
+            elif message["type"] == "websocket.receive" and binding.session is None:
+                binding.request_start_ns = time.time_ns()  # the next answer is asked for now
             return message
 
         token = otel_context.attach(trace.set_span_in_context(own_span)) if own_span is not None else None

@@ -13,7 +13,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
 
-from streamjudge.config import Settings
+from streamjudge._shutdown import install_signal_drain
+from streamjudge.config import Settings, load_settings_or_default
 from streamjudge.runtime import Runtime, configure, current_runtime
 
 _log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ def configure_from_env(settings: Settings | None = None, **sdk_kwargs: Any) -> R
         return configure(settings, set_global=False)
     rt = configure(settings, tracer_provider=provider)
     rt.take_over_export(provider)
+    install_signal_drain()
     return rt
 
 
@@ -71,9 +73,11 @@ def ensure_runtime(
     - nothing is set up: the SDK is built from ``OTEL_*`` variables with streamjudge in its export path.
     """
     rt = current_runtime()
-    if rt is not None:
-        return rt
-    provider = tracer_provider or sdk_provider()
-    if provider is not None:
-        return configure(settings, tracer_provider=provider)
-    return configure_from_env(settings)
+    if rt is None:
+        settings = settings or load_settings_or_default(_log)
+        provider = tracer_provider or sdk_provider()
+        rt = configure(settings, tracer_provider=provider) if provider else configure_from_env(settings)
+    # SIGTERM must not lose the spans waiting for their judgement (uvicorn re-raises it after its own
+    # shutdown, and the SDK's atexit flush never runs); a no-op off the main thread or when installed
+    install_signal_drain()
+    return rt

@@ -15,6 +15,8 @@ from typing import Any
 from opentelemetry.instrumentation.distro import BaseDistro  # type: ignore[attr-defined]
 from opentelemetry.sdk._configuration import _OTelSDKConfigurator
 
+from streamjudge._shutdown import install_signal_drain
+from streamjudge.config import load_settings_or_default
 from streamjudge.instrumentation._setup import apply_env_defaults, configure_from_env, sdk_provider
 from streamjudge.runtime import configure, current_runtime
 
@@ -51,8 +53,11 @@ class StreamJudgeConfigurator(_OTelSDKConfigurator):
     def _configure(self, **kwargs: Any) -> None:
         if current_runtime() is not None:
             return
+        # a bad STREAMJUDGE_* variable logs one line and keeps its default: the app must start regardless
+        settings = load_settings_or_default(_log)
         existing = sdk_provider()
         if existing is not None:
-            configure(tracer_provider=existing)
+            configure(settings, tracer_provider=existing)
+            install_signal_drain()  # before the app starts its server, which installs handlers of its own
             return
-        configure_from_env(**kwargs)
+        configure_from_env(settings, **kwargs)

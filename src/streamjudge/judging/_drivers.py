@@ -117,12 +117,12 @@ class GuardedStream:
         source: AsyncIterator[Any] = _to_async(self._source)
         nxt: asyncio.Future[Any] | None = None
         outcome = "completed"
-        hold = s.hold_back
         slow = False  # measured while verdicts are in flight
         nxt_started = 0.0
         try:
             for ev in s.start():
                 yield ev
+            hold = s.hold_back  # decided by start(): an unjudged stream holds nothing back
             if s.preflight_blocks and not s.stopped:
                 # the gate may stop the answer: not even the first token is asked for before its verdict
                 deadline = loop.time() + s.settings.preflight_wait_s

@@ -24,8 +24,9 @@ from streamjudge import semconv
 from streamjudge.judging._actions import passed_until, preflight_gate, warning_data
 from streamjudge.judging._backend import StreamBackend, default_backend
 from streamjudge.judging._telemetry import ANSWER_KEYS, CHECKPOINT_KEYS, set_text, skip_attributes
+from streamjudge.judging._telemetry import capped as span_text
 from streamjudge.judging._tokens import TokenText
-from streamjudge.judging._windows import ReleaseOrder, Window, Windows
+from streamjudge.judging._windows import ReleaseOrder, Transcript, Window, Windows
 from streamjudge.results import EvalInput, EvalKind, JobOutcome, JudgeRequest, JudgeResult, Verdict
 
 if TYPE_CHECKING:
@@ -191,6 +192,7 @@ class GuardSession:
         settings = self.settings
         attrs: dict[str, AttributeValue] = {
             semconv.SPAN_TYPE: semconv.SPAN_TYPE_STREAM,
+            semconv.OPENINFERENCE_SPAN_KIND: semconv.OPENINFERENCE_KIND_CHAIN,
             semconv.STREAM_MODE: settings.mode,
             semconv.STREAM_ACTION: settings.action,
             **self._attributes,
@@ -222,6 +224,7 @@ class GuardSession:
                 span.set_attribute(semconv.SESSION_ID, stored.session_id)
         if self.question is not None and settings.capture_content:
             span.set_attribute(semconv.STREAM_QUESTION, self.question)
+            span.set_attribute(semconv.INPUT_VALUE, self.question)
         if not backend.service.sampled(self._trace_id):
             self._judging = False
             self._unjudged_status = "sampled_out"
@@ -234,7 +237,11 @@ class GuardSession:
             span.set_attribute(semconv.EVAL_SKIP_REASON, "contexts_too_large")
         if self.contexts is not None:
             span.set_attribute(semconv.STREAM_CONTEXT_COUNT, len(self.contexts))
-        if settings.preflight and self._judging:
+        if not self._judging:
+            # nothing will be judged: no sentence splitting, no windows, nothing held back
+            self._windows = Transcript()
+            self.hold_back = False
+        elif settings.preflight:
             self._preflight()
         return self._take()
 
@@ -391,6 +398,8 @@ class GuardSession:
             span.set_attribute(semconv.STREAM_TTFT_MS, st.ttft_ms)
         set_text(span, ANSWER_KEYS, text, capture=self.settings.capture_content,
                  limit=self.settings.max_text_attribute_chars)
+        if self.settings.capture_content:
+            span.set_attribute(semconv.OUTPUT_VALUE, span_text(text, self.settings.max_text_attribute_chars))
         ended_well = outcome in ("completed", "stopped")
         if not ended_well:
             span.set_attribute(semconv.EVAL_SKIP_REASON, outcome)
@@ -525,6 +534,7 @@ class GuardSession:
         """Make the checkpoint span and send its request to the judging service."""
         attrs: dict[str, AttributeValue] = {
             semconv.SPAN_TYPE: semconv.SPAN_TYPE_CHECKPOINT,
+            semconv.OPENINFERENCE_SPAN_KIND: semconv.OPENINFERENCE_KIND_GUARDRAIL,
             semconv.CHECKPOINT_INDEX: index,
             semconv.CHECKPOINT_CHAR_START: window.start,
             semconv.CHECKPOINT_CHAR_END: window.end,

@@ -140,3 +140,39 @@ class ReleaseOrder:
         """After a regeneration: the retracted windows never go out; the next one is ``next_index``."""
         self._ready.clear()
         self._next = next_index
+
+
+class Transcript(Windows):
+    """The answer of a stream that is not judged (sampled out): tokens kept for the answer span, no
+    sentence splitting and no windows, so such a stream costs a list append per token."""
+
+    __slots__ = ("_all", "_length")
+
+    def __init__(self) -> None:  # no sentence buffer, no policy
+        self._all: list[str] = []
+        self._length = 0
+        self.start = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def open_sentences(self) -> int:
+        return 0
+
+    def text(self) -> str:
+        if len(self._all) > 1:
+            self._all[:] = ["".join(self._all)]
+        return self._all[0] if self._all else ""
+
+    def feed(self, token: str) -> int:
+        self._all.append(token)
+        self._length += len(token)
+        return -1
+
+    def flush(self) -> int:
+        return -1
+
+    def take_open_tokens(self) -> list[str]:
+        return []

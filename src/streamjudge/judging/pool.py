@@ -24,6 +24,7 @@ from opentelemetry import metrics
 
 from streamjudge import semconv
 from streamjudge._fork import after_fork_in_child
+from streamjudge._redact import redact
 from streamjudge.judging.base import EvalInput, Judge, JudgeResult, Score, TransientJudgeError
 from streamjudge.results import JobOutcome, JobStatus
 
@@ -543,7 +544,8 @@ def _check_result(result: object) -> None:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().replace("\n", " ")
+    # an error body may echo a key (a gateway's 401): it goes onto span attributes, so redact first
+    text = redact(str(exc)).strip().replace("\n", " ")
     if len(text) > 300:
         text = text[:297] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -26,8 +26,10 @@ from opentelemetry.trace import Link, SpanContext, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
+from streamjudge._deadline import pool_budget_millis
 from streamjudge._fork import after_fork_in_child
 from streamjudge._spans import copy_span
+from streamjudge.exporters._content import scrub_explanation
 from streamjudge.exporters.base import EvaluationRecord, EvaluationSink
 from streamjudge.results import JobOutcome, JudgeRequest, Score
 
@@ -71,13 +73,15 @@ class JudgeSpanProcessor(SpanProcessor):
         meter_provider: metrics.MeterProvider | None = None,
         capture_content: bool = True,
         shutdown_timeout_millis: int = 7_000,
+        hold_timeout_s: float = 60.0,
     ) -> None:
+        self._hold_timeout = hold_timeout_s
         self._downstream = downstream
         self._judging: _Drainable | None = None
         self._shutdown_timeout = shutdown_timeout_millis
         self._sinks = tuple(sinks)
         self._capture = capture_content
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, _Slot] = {}  # in order of expect(): the oldest first
         self._lock = threading.Lock()
         self._closed = False
         after_fork_in_child(self, JudgeSpanProcessor._after_fork)
@@ -143,8 +147,31 @@ class JudgeSpanProcessor(SpanProcessor):
         """``span_id`` will carry a judgement: hold it at its end until :meth:`resolve` (owning mode)."""
         if self._downstream is None or not span_id:
             return
+        now = time.monotonic()
         with self._lock:
-            self._slots[span_id] = _Slot(expected_at=time.monotonic())
+            self._slots[span_id] = _Slot(expected_at=now)
+            first = next(iter(self._slots.values()))
+        if now - first.expected_at > self._hold_timeout:
+            self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        """Export spans whose result is overdue (a judge that blocks its thread or ignores cancellation):
+        ``hold_timeout_s`` bounds how long any span waits, whatever the judge does."""
+        overdue: list[ReadableSpan] = []
+        with self._lock:
+            while self._slots:
+                span_id, slot = next(iter(self._slots.items()))
+                if now - slot.expected_at <= self._hold_timeout:
+                    break
+                del self._slots[span_id]  # a result arriving later finds no slot and is dropped
+                if slot.span is not None:
+                    overdue.append(slot.span)
+        marks: dict[str, AttributeValue] = {
+            semconv.EVAL_STATUS: "timeout",
+            semconv.EVAL_SKIP_REASON: "timeout: held past hold_timeout_s",
+        }
+        for span in overdue:
+            self._export(span, marks, [])
 
     def resolve(self, request: JudgeRequest, outcome: JobOutcome, scores: tuple[Score, ...]) -> None:
         """Record the result of ``request``: enrich (or annotate) its span, metrics, sinks.
@@ -202,6 +229,8 @@ class JudgeSpanProcessor(SpanProcessor):
             self._export(span, slot.extra or {}, slot.events or [])
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        if self._slots:
+            self._expire(time.monotonic())
         deadline = time.monotonic() + timeout_millis / 1000
         ok = self._judging.force_flush(timeout_millis) if self._judging is not None else True
         left = max(1, int((deadline - time.monotonic()) * 1000))
@@ -244,7 +273,8 @@ class JudgeSpanProcessor(SpanProcessor):
         self._closed = True
         if self._judging is not None:
             try:
-                self._judging.shutdown(self._shutdown_timeout)
+                # within a process-wide shutdown deadline, the pool gets most of what is left, not all
+                self._judging.shutdown(pool_budget_millis(self._shutdown_timeout))
             except Exception:
                 _log.exception("streamjudge: draining the judge pool failed")
         self.release_held("shutdown")
@@ -284,6 +314,13 @@ class JudgeSpanProcessor(SpanProcessor):
         extra[semconv.EVAL_LATENCY_MS] = round(outcome.latency_s * 1000, 3)
         result = outcome.result
         if result is None:
+            # a failed evaluation still says so in the evaluation vocabulary, one event per metric asked
+            if outcome.status not in ("skipped", "sampled_out", "superseded"):
+                for metric in request.metrics:
+                    events.append(Event(semconv.EVENT_EVALUATION_RESULT, {
+                        semconv.GEN_AI_EVALUATION_NAME: metric,
+                        semconv.ERROR_TYPE: outcome.status,
+                    }, now))
             return extra, events
         extra[semconv.EVAL_JUDGE] = result.judge
         usage = result.usage
@@ -316,8 +353,10 @@ class JudgeSpanProcessor(SpanProcessor):
                     extra[semconv.sentences_attribute(s.name, "ranges")] = ranges
             if s.skipped:
                 ev[semconv.EVAL_SKIP_REASON] = s.skipped
-            explanation = s.explanation or (f"skipped: {s.skipped}" if s.skipped else "")
-            if explanation and self._capture:
+            # without content capture an explanation keeps its structure, not the quoted answer text
+            explanation = scrub_explanation(s.explanation, self._capture) or (
+                f"skipped: {s.skipped}" if s.skipped else "")
+            if explanation:
                 ev[semconv.GEN_AI_EVALUATION_EXPLANATION] = explanation
             events.append(Event(semconv.EVENT_EVALUATION_RESULT, ev, now))
         extra[semconv.EVAL_PASSED] = passed
@@ -328,7 +367,9 @@ class JudgeSpanProcessor(SpanProcessor):
         for s in scores:
             if s.value is None:
                 continue
-            labels = {semconv.METRIC_ATTR_EVALUATION: s.name, semconv.SPAN_TYPE: kind}
+            # the span type as on the spans (the collector's metrics use it too); what was judged beside it
+            labels = {semconv.METRIC_ATTR_EVALUATION: s.name, semconv.SPAN_TYPE: _KIND_SPAN_TYPE[kind],
+                      semconv.EVAL_KIND: kind}
             self._m_score.record(s.value, labels)
             if s.label == "fail":
                 self._m_alerts.add(1, labels)
@@ -362,6 +403,7 @@ class JudgeSpanProcessor(SpanProcessor):
         parent = trace.set_span_in_context(trace.NonRecordingSpan(ctx))
         attributes: dict[str, AttributeValue] = {
             semconv.SPAN_TYPE: semconv.SPAN_TYPE_EVALUATOR,
+            semconv.OPENINFERENCE_SPAN_KIND: semconv.OPENINFERENCE_KIND_EVALUATOR,
             semconv.GEN_AI_OPERATION_NAME: "evaluate",
             semconv.EVAL_TARGET_TRACE_ID: format(ctx.trace_id, "032x"),
             semconv.EVAL_TARGET_SPAN_ID: format(ctx.span_id, "016x"),

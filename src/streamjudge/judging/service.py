@@ -19,6 +19,10 @@ from streamjudge.results import EvalInput, EvalKind, JobOutcome, JudgeRequest, S
 
 _log = logging.getLogger(__name__)
 
+# a coalesced request stops growing here (queued on its own instead): joining copies the text, and a fast
+# stream behind a slow judge must not make that quadratic
+_MAX_MERGED_CHARS = 8_192
+
 
 class JudgingService:
     """Turns requests into judge jobs and their outcomes into exported results and verdicts."""
@@ -79,7 +83,7 @@ class JudgingService:
         if not isinstance(old, JudgeRequest):
             return None
         a, b = old.item, newer.item
-        if a.offset + len(a.answer) != b.offset:
+        if a.offset + len(a.answer) != b.offset or len(a.answer) + len(b.answer) > _MAX_MERGED_CHARS:
             return None
         item = EvalInput(
             question=b.question, contexts=b.contexts, answer=a.answer + b.answer, kind=b.kind,

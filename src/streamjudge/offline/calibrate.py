@@ -7,12 +7,20 @@ perfect reports its score; a case fires at threshold ``t`` exactly when its lowe
 
 from __future__ import annotations
 
+import csv
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from streamjudge.config import Settings
-from streamjudge.offline.replay import ReplayCase, replay
+from streamjudge.judging.base import Judge
+from streamjudge.offline.replay import CaseResult, ReplayCase, replay
+
+#: the CSV's columns, one row per threshold
+CSV_COLUMNS: tuple[str, ...] = (
+    "threshold", "tp", "fp", "fn", "tn", "precision", "recall", "specificity", "balanced_accuracy",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +58,21 @@ class ThresholdRow:
         return None if r is None or s is None else (r + s) / 2
 
 
-def lowest_scores(cases: Sequence[ReplayCase], settings: Settings, *, chunk_size: int = 8) -> list[float]:
+def lowest_scores(
+    cases: Sequence[ReplayCase],
+    settings: Settings,
+    *,
+    chunk_size: int = 8,
+    concurrency: int = 1,
+    on_result: Callable[[CaseResult], None] | None = None,
+    judge: Judge | None = None,
+    checkpoint_judge: Judge | None = None,
+) -> list[float]:
     """Each case's lowest checkpoint faithfulness score (1.0 when every checkpoint was perfect)."""
-    results = replay(cases, settings.replace(threshold=1.0, thresholds={}), chunk_size=chunk_size)
+    results = replay(
+        cases, settings.replace(threshold=1.0, thresholds={}), chunk_size=chunk_size,
+        concurrency=concurrency, on_result=on_result, judge=judge, checkpoint_judge=checkpoint_judge,
+    )
     return [1.0 if r.min_failing_score is None else r.min_failing_score for r in results]
 
 
@@ -88,3 +108,59 @@ def best(rows: Sequence[ThresholdRow]) -> ThresholdRow | None:
     if not scored:
         return None
     return max(scored, key=lambda r: (r.balanced_accuracy or 0.0, -r.threshold))
+
+
+def write_csv(rows: Sequence[ThresholdRow], path: str | Path) -> Path:
+    """The sweep as CSV (:data:`CSV_COLUMNS`); empty cells where a rate is undefined."""
+    out = Path(path)
+
+    def cell(v: float | None) -> str:
+        return "" if v is None else f"{v:.4f}"
+
+    with out.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(CSV_COLUMNS)
+        for r in rows:
+            w.writerow([f"{r.threshold:.4f}", r.true_positives, r.false_positives, r.false_negatives,
+                        r.true_negatives, cell(r.precision), cell(r.recall), cell(r.specificity),
+                        cell(r.balanced_accuracy)])
+    return out
+
+
+def write_chart(
+    rows: Sequence[ThresholdRow], path: str | Path, *, best_row: ThresholdRow | None = None,
+    current: float | None = None,
+) -> Path | None:
+    """Precision, recall and balanced accuracy against the threshold as a PNG.
+
+    Returns None (and writes nothing) when matplotlib is not installed: it is not a dependency.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display needed
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    xs = [r.threshold for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    for label, values in (
+        ("precision", [r.precision for r in rows]),
+        ("recall", [r.recall for r in rows]),
+        ("balanced accuracy", [r.balanced_accuracy for r in rows]),
+    ):
+        ax.plot(xs, [float("nan") if v is None else v for v in values], marker="o", label=label)
+    if best_row is not None:
+        ax.axvline(best_row.threshold, color="green", linestyle="--", label=f"best {best_row.threshold:.3f}")
+    if current is not None:
+        ax.axvline(current, color="grey", linestyle=":", label=f"current {current:.3f}")
+    ax.set_xlabel("checkpoint threshold (alert when a score is below it)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("streamjudge calibrate")
+    ax.legend(loc="best")
+    ax.grid(alpha=0.3)
+    out = Path(path)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out

@@ -19,11 +19,13 @@ _BUILTIN: dict[str, str] = {
     "llm": "streamjudge.judging.judges.llm:LLMJudge",
     "ragas": "streamjudge.judging.judges.ragas:RagasJudge",
     "deepeval": "streamjudge.judging.judges.deepeval:DeepEvalJudge",
+    "model": "streamjudge.judging.judges.model:ModelJudge",
 }
 
 
 def create_judge(name: str, settings: Settings, *, tier: Tier = "final") -> Judge:
-    """Build the judge called ``name`` (``local``, ``llm``, ``ragas``, ``deepeval`` or ``module:Class``).
+    """Build the judge called ``name`` (``local``, ``llm``, ``ragas``, ``deepeval``, ``model`` or
+    ``module:Class``).
 
     Each judge class is constructed as ``cls.from_settings(settings, tier=tier)`` when it has that
     classmethod, else ``cls()``.
@@ -37,7 +39,7 @@ def create_judge(name: str, settings: Settings, *, tier: Tier = "final") -> Judg
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        extra = name if name in ("ragas", "deepeval", "llm") else None
+        extra = name if name in ("ragas", "deepeval", "llm", "model") else None
         hint = f" (install it with: pip install 'streamjudge[{extra}]')" if extra else ""
         raise ConfigError(f"judge {name!r} cannot be imported: {exc}{hint}") from exc
     cls = getattr(module, attr)

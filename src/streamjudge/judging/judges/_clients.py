@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from streamjudge._redact import redact, register_secret
 from streamjudge.config import ConfigError, JudgeLLMSettings
 from streamjudge.judging.base import JudgeError, TransientJudgeError, Usage
 
@@ -187,7 +188,9 @@ def map_error(exc: BaseException, *, where: str = "judge LLM") -> JudgeError:
 
 
 def _excerpt(text: str, limit: int = RAW_EXCERPT_CHARS) -> str:
-    text = " ".join(text.split())
+    # error bodies end up in span attributes: secrets out (a gateway's 401 may echo the key), before the
+    # cut, which would leave a secret's head unrecognisable
+    text = redact(" ".join(text[: limit * 20].split()))
     return text if len(text) <= limit else text[:limit] + "…"
 
 
@@ -231,8 +234,10 @@ def parse_json_object(text: str | None) -> dict[str, Any]:
     """Parse a model's JSON answer, repairing the usual damage.
 
     Strips code fences and prose around the object, takes the first JSON object, and removes trailing
-    commas. Raises :class:`JudgeError` with a truncated excerpt of the raw answer when nothing usable
-    remains.
+    commas. What that cannot mend (single quotes, unquoted keys, missing commas, comments, Python
+    literals, a cut-off answer) goes through ``json-repair`` when it is installed (it comes with the
+    ``llm`` extra). Raises :class:`JudgeError` with a truncated excerpt of the raw answer when nothing
+    usable remains.
     """
     if not text or not text.strip():
         raise JudgeError("judge LLM returned an empty answer")
@@ -247,11 +252,32 @@ def parse_json_object(text: str | None) -> dict[str, Any]:
         for attempt in (cand, _TRAILING_COMMA.sub(r"\1", cand)):
             try:
                 value = json.loads(attempt)
-            except ValueError:
+            except (ValueError, RecursionError):  # json.loads recurses on deep nesting
                 continue
             if isinstance(value, dict):
                 return value
+    repaired = _repair(fenced.group(1) if fenced else text)
+    if repaired is not None:
+        return repaired
     raise JudgeError(f"judge LLM answer is not a JSON object: {_excerpt(text)!r}")
+
+
+def _repair(text: str) -> dict[str, Any] | None:
+    """The first object in ``text`` as ``json-repair`` mends it; None without the package or an object."""
+    start = text.find("{")
+    if start == -1:
+        return None
+    try:
+        import json_repair
+    except ImportError:
+        return None
+    try:
+        value = json_repair.loads(text[start:])
+    except (ValueError, RecursionError, TypeError, IndexError):
+        return None
+    if isinstance(value, list):  # prose after the object can make it a list of the pieces found
+        value = next((v for v in value if isinstance(v, dict)), None)
+    return value if isinstance(value, dict) and value else None
 
 
 # --- clients -----------------------------------------------------------------------------------------
@@ -283,6 +309,27 @@ def _http_client(sdk_package: str, settings: JudgeLLMSettings, pricing: Pricing)
     )
 
 
+def _warm_up(resource: Any, response_model: Any, sample: Mapping[str, Any]) -> None:
+    """Do at judge creation what the SDK would do in its first call.
+
+    The first call imports the SDK's resource modules (``sdk.chat`` alone is ~500 modules), httpcore's
+    asyncio backend (anyio) and builds the pydantic schemas of the response models: ~90 ms and more of
+    Python work holding the GIL on the judge pool's thread, which stalls the app's event loop (and its
+    token stream) mid-answer. Judges are created at configure time, before any stream. ``resource`` is
+    the SDK resource the client calls (accessing it imports it); ``response_model`` is constructed once
+    from ``sample``, which builds the schemas of it and its nested models. Failures are ignored: this only
+    moves work, it changes nothing.
+    """
+    with contextlib.suppress(Exception):
+        importlib.import_module("anyio._backends._asyncio")
+    with contextlib.suppress(Exception):
+        importlib.import_module("concurrent.futures.thread")  # asyncio's resolver thread pool
+    with contextlib.suppress(Exception):
+        # as the SDKs build a response: without validation, one nested model class at a time
+        response_model.construct(**sample)
+    del resource
+
+
 def _looks_like_json_mode_rejection(exc: BaseException, markers: tuple[str, ...]) -> bool:
     status = getattr(exc, "status_code", None)
     if status not in (400, 422):
@@ -309,6 +356,7 @@ class OpenAIChatClient:
             raise ConfigError("the LLM judge needs a model: set EVAL_MODEL (or EVAL_CHECKPOINT_MODEL)")
         self.model: str = settings.model
         self.pricing = pricing or Pricing()
+        register_secret(settings.api_key)  # a key set in code is redacted from error texts too
         self.json_mode_supported: bool | None = None  # None = not tried yet
         self._http = _http_client("openai", settings, self.pricing)
         self.sdk = openai.AsyncOpenAI(
@@ -318,6 +366,12 @@ class OpenAIChatClient:
             max_retries=0,
             http_client=self._http,
         )
+        _warm_up(self.sdk.chat.completions, openai.types.chat.ChatCompletion, {
+            "id": "warm-up", "object": "chat.completion", "created": 0, "model": self.model,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "{}"}}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        })
 
     async def complete(self, system: str, user: str, *, json_mode: bool = True,
                        max_tokens: int = 1024) -> str:
@@ -371,6 +425,7 @@ class AnthropicChatClient:
             raise ConfigError("the LLM judge needs a model: set EVAL_MODEL (or EVAL_CHECKPOINT_MODEL)")
         self.model: str = settings.model
         self.pricing = pricing or Pricing()
+        register_secret(settings.api_key)  # a key set in code is redacted from error texts too
         self.prefill_supported: bool | None = None
         self._http = _http_client("anthropic", settings, self.pricing)
         self.sdk = anthropic.AsyncAnthropic(
@@ -380,6 +435,11 @@ class AnthropicChatClient:
             max_retries=0,
             http_client=self._http,
         )
+        _warm_up(self.sdk.messages, anthropic.types.Message, {
+            "id": "warm-up", "type": "message", "role": "assistant", "model": self.model,
+            "content": [{"type": "text", "text": "{}"}], "stop_reason": "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        })
 
     async def complete(self, system: str, user: str, *, json_mode: bool = True,
                        max_tokens: int = 1024) -> str:

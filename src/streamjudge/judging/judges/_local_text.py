@@ -54,6 +54,24 @@ META_WORDS: frozenset[str] = _words(
     """
 )
 
+# Light words: common English words too general to tell a grounded claim from an invented one ("called",
+# "different", "several", "role"); a summary adds them freely when it restates. They are neither
+# required nor counted. A generic tier chosen a priori, like the stopwords; not fitted to any benchmark.
+LIGHT_WORDS: frozenset[str] = _words(
+    """
+    called named titled entitled known meaning means include includes included including consist
+    consists consisted contain contains contained different separate distinct various certain specific
+    particular individual individuals entity entities thing things piece pieces part parts type types
+    kind kinds way ways time times number numbers amount total list both another same similar
+    notable significant important well-known famous popular actual overall general related involving
+    involved regarding appear appears appeared seem seems seemed remain remains remained feature
+    features featured serve serves served role roles focus focuses focused cover covers covering offer
+    offers offered solely exactly specifically primarily generally respectively unspecified specified
+    total totals event events instance example examples aspect aspects fact facts area areas
+    stand stands stood lie lies located situated sit sits
+    """
+)
+
 NEGATIONS: frozenset[str] = _words(
     "not no never none nobody nothing neither nor cannot without n't"
 )
@@ -152,39 +170,58 @@ def normalize(text: str) -> str:
     return unicodedata.normalize("NFKC", text).translate(_APOSTROPHES)
 
 
+_VOWELS = frozenset("aeiouy")
+
+
+def _has_vowel(w: str) -> bool:
+    return any(c in _VOWELS for c in w)
+
+
 def stem(word: str) -> str:
-    """Light, deterministic suffix stripping (lowercase input): plurals, -ed, -ing, -ly, final e."""
+    """The lemma-like key of a lowercase word: the inflections of one word meet on one key.
+
+    A rule set in the manner of a lemmatiser rather than a length-guarded suffix stripper: irregular forms
+    from a table, then plural/third-person ``-s``, ``-ied``/``-ies`` -> ``y``, ``-ed`` and ``-ing`` when
+    what remains still holds a vowel ("used" and "using" meet "use", "sing" stays), a doubled final
+    consonant undone ("stopped" -> "stop"), ``-ly`` adverbs, and a final ``e`` dropped so that "make",
+    "makes", "making" and "made" share one key. Keys are for comparison only, never shown.
+    """
     w = IRREGULAR.get(word, word)
-    if w is not word:
-        return w
     if w.endswith("'s"):
         w = w[:-2]
-    n = len(w)
-    if n <= 3:
+    if len(w) <= 2 or not w.isalpha():
         return w
-    if w.endswith("ies") and n > 4:
+    if w.endswith("ies") and len(w) > 4:
         w = w[:-3] + "y"
-    elif w.endswith("sses"):
-        w = w[:-2]
-    elif w.endswith("s") and not w.endswith(("ss", "us", "is", "os")):
+    elif w.endswith("ies"):
+        w = w[:-1]  # "dies", "ties", "lies"
+    elif w.endswith("s") and not w.endswith(("ss", "us", "is", "os")) and len(w) > 3:
         w = w[:-1]
-    if w.endswith("ing") and len(w) > 5:
-        w = w[:-3]
-        w = _undouble(w)
-    elif w.endswith("ied") and len(w) > 4:
-        w = w[:-3] + "y"
-    elif w.endswith("ed") and len(w) > 4:
-        w = w[:-2]
-        w = _undouble(w)
+    if w.endswith("ied"):
+        w = w[:-3] + ("y" if len(w) > 4 else "ie")  # "studied" -> "study", "died" -> "die"
+    elif w.endswith("ying") and len(w) == 5:
+        w = w[:-4] + "ie"  # "dying", "lying", "tying"
+    elif w.endswith("ed") and len(w) > 3 and _has_vowel(w[:-2]) and not w.endswith("eed"):
+        w = _undouble(w[:-2])
+    elif w.endswith("eed") and len(w) > 5 and w[:-3] + "ee" not in _EED_BASES:
+        w = w[:-1]  # "agreed" -> "agree"; "succeed", "proceed" are bases
+    elif w.endswith("ing") and len(w) > 4 and _has_vowel(w[:-3]):
+        w = _undouble(w[:-3])
     elif w.endswith("ly") and len(w) > 5:
         w = w[:-2]
-    if len(w) > 3 and w.endswith("e"):
+        if w.endswith("i"):
+            w = w[:-1] + "y"  # "easily" -> "easy"
+    if len(w) > 2 and w.endswith("e"):
         w = w[:-1]
     return w
 
 
+# words ending in "eed" that are not a past form of a word ending in "ee"
+_EED_BASES = frozenset({"succee", "procee", "excee"})
+
+
 def _undouble(w: str) -> str:
-    if len(w) > 3 and w[-1] == w[-2] and w[-1] not in "lsz" and w[-1].isalpha():
+    if len(w) > 2 and w[-1] == w[-2] and w[-1] not in "lsz" and w[-1] not in _VOWELS and w[-1].isalpha():
         return w[:-1]
     return w
 
@@ -197,7 +234,11 @@ for _group in _SYNONYM_GROUPS:
 
 @functools.lru_cache(maxsize=65536)
 def term(word_lower: str) -> str:
-    """The comparison key of a lowercase word: stemmed, then mapped onto its synonym group."""
+    """The comparison key of a lowercase word: stemmed, then mapped onto its synonym group; the forms of
+    one unit share a key ("km", "kilometres")."""
+    unit = UNITS.get(word_lower)
+    if unit is not None:
+        return "unit:" + unit[1]
     s = stem(word_lower)
     return SYNONYMS.get(s, s)
 
@@ -209,6 +250,7 @@ class Number:
     surface: str
     value: float
     tolerance: float  # half a unit of the last written digit: "181.7 million" matches 181,674,817
+    unit: str | None = None  # the unit written after it, by its canonical name ("kg" for "kilograms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +263,9 @@ class Facts:
     dates: tuple[tuple[str, str], ...]  # (lowercase month/day name, surface)
     negated: bool
     meta_only: bool  # nothing but stopwords and assistant filler words
+    # per entity, how many terms, numbers and dates come before it: names with the same count stand
+    # side by side ("Columbus, Ohio"; "A and B") and do not vouch for each other
+    groups: tuple[int, ...] = ()
 
 
 def _number_value(raw: str) -> tuple[float, float]:
@@ -257,6 +302,7 @@ def _word(tok: str) -> _Word:
         lower in STOPWORDS
         or lower in NEGATIONS
         or lower in META_WORDS
+        or lower in LIGHT_WORDS
         or lower.endswith("n't")
         or len(lower) < 2
     )
@@ -272,6 +318,77 @@ def _word(tok: str) -> _Word:
     )
 
 
+# a negation cue followed by one of these is no negation of the sentence: "no fewer than 300", "not only
+# ... but also", "not least", "none other than", "no doubt"
+_NOT_NEGATING_NEXT = frozenset(
+    {"fewer", "less", "more", "greater", "smaller", "larger", "later", "earlier", "sooner", "only", "just",
+     "least", "other", "doubt"}
+)
+
+
+def _quantity_phrase(matches: list[re.Match[str]], i: int, n: int, text: str) -> bool:
+    """Whether the negation cue at ``matches[i]`` is part of a phrase that negates nothing: "no fewer
+    than", "not only", or "No. 32" (the abbreviation of "number")."""
+    if i + 1 >= n:
+        return False
+    nxt = matches[i + 1]
+    if nxt.lastgroup == "num":
+        return matches[i].group().lower() == "no"
+    return nxt.lastgroup == "word" and nxt.group().lower() in _NOT_NEGATING_NEXT
+
+
+_NAME_GLUE = frozenset({"and", "or", "nor"})
+
+# Units that are easily confused, in groups: the same number with another unit of its group is another
+# fact ("5 mg" is not "5 g", "10 km" is not "10 miles", "3%" is not "3 points"). Canonical name first.
+_UNIT_GROUPS: tuple[tuple[tuple[str, ...], ...], ...] = (
+    (("mg", "milligram", "milligrams"), ("g", "gram", "grams"), ("kg", "kilogram", "kilograms", "kilo",
+     "kilos"), ("lb", "lbs", "pound", "pounds"), ("oz", "ounce", "ounces"), ("t", "tonne", "tonnes", "ton",
+     "tons"), ("mcg", "microgram", "micrograms", "µg")),
+    (("mm", "millimetre", "millimetres", "millimeter", "millimeters"), ("cm", "centimetre", "centimetres",
+     "centimeter", "centimeters"), ("m", "metre", "metres", "meter", "meters"), ("km", "kilometre",
+     "kilometres", "kilometer", "kilometers"), ("mi", "mile", "miles"), ("ft", "foot", "feet"),
+     ("in", "inch", "inches"), ("yd", "yard", "yards")),
+    (("ml", "millilitre", "millilitres", "milliliter", "milliliters"), ("l", "litre", "litres", "liter",
+     "liters"), ("gal", "gallon", "gallons")),
+    (("%", "percent", "per cent", "pct"), ("points", "point", "percentage points")),
+    (("s", "sec", "second", "seconds"), ("min", "minute", "minutes"), ("h", "hr", "hour", "hours"),
+     ("day", "days"), ("week", "weeks"), ("month", "months"), ("year", "years")),
+)
+UNITS: dict[str, tuple[int, str]] = {
+    name: (g, forms[0]) for g, group in enumerate(_UNIT_GROUPS) for forms in group for name in forms
+}
+
+
+def _unit_after(matches: list[re.Match[str]], i: int, n: int) -> str | None:
+    """The canonical unit written right after the number at ``matches[i]``, if any."""
+    if i + 1 >= n:
+        return None
+    nxt = matches[i + 1]
+    if nxt.lastgroup == "pct":
+        return "%"
+    if nxt.lastgroup != "word" or nxt.start() - matches[i].end() > 1:
+        return None
+    word = nxt.group().lower()
+    if word in ("in", "m", "t", "s", "l", "h") and nxt.start() == matches[i].end():
+        pass  # "5m", "3h": a unit glued to its number
+    elif word in ("in", "t", "s", "l", "h", "m"):
+        return None  # "5 in 2004", "5 s" are rarely units when written apart
+    unit = UNITS.get(word)
+    return unit[1] if unit is not None else None
+
+
+def _name_follows(matches: list[re.Match[str]], i: int, n: int, text: str) -> bool:
+    """Whether the sentence's capitalised first word starts a name: "John Brown Publishing", "Mumford &
+    Sons" (the next word is capitalised, a blank, "&" or "-" between)."""
+    if i + 1 >= n or matches[i + 1].lastgroup != "word":
+        return False
+    if text[matches[i].end() : matches[i + 1].start()].strip(" &-"):
+        return False
+    nxt = _word(matches[i + 1].group())
+    return nxt.upper and nxt.nameable and nxt.date is None and _word(matches[i].group()).nameable
+
+
 def analyze(text: str, sentence_start: bool = True) -> Facts:
     """Extract content terms, numbers, named entities, dates and negation from ``text`` (normalised).
 
@@ -281,6 +398,8 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
     terms: list[tuple[str, str]] = []
     numbers: list[Number] = []
     entities: list[tuple[str, tuple[str, ...]]] = []
+    groups: list[int] = []
+    group = 0  # advanced by every token but a name's, "and" and "or"
     dates: list[tuple[str, str]] = []
     negated = False
     meta_only = True
@@ -302,6 +421,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                 at_start = True
             if entity_run and _BREAKS_RE.search(gap):
                 entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+                groups.append(group)
                 entity_run.clear()
         prev_end = m.end()
         kind = m.lastgroup
@@ -309,16 +429,21 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
         if kind == "word":
             cjk_prev = None
             w = _word(tok)
-            if w.negation:
+            # a title-case "Never" or "No" inside a sentence is part of a name ("Never Shout Never")
+            if w.negation and not _quantity_phrase(matches, i, n, text) and (
+                at_start or not w.upper or tok.isupper()
+            ):
                 negated = True
-            capitalised = w.upper and not at_start
+            capitalised = w.upper and (not at_start or _name_follows(matches, i, n, text))
             at_start = False
             if w.date is not None:
                 if entity_run:
                     entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+                    groups.append(group)
                     entity_run.clear()
                 dates.append((w.date, tok))
                 meta_only = False
+                group += 1
                 i += 1
                 continue
             if (w.acronym or capitalised) and w.nameable:
@@ -328,6 +453,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                 continue
             if entity_run:
                 entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+                groups.append(group)
                 entity_run.clear()
             if w.number:
                 value, tol, surface = NUMBER_WORDS[w.lower], 0.5, tok
@@ -340,16 +466,19 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                         surface = text[m_start : matches[i + 1].end()]
                         prev_end = matches[i + 1].end()
                         i += 1
-                numbers.append(Number(surface, value, tol))
+                numbers.append(Number(surface, value, tol, _unit_after(matches, i, n)))
                 meta_only = False
             elif w.key is not None:
                 terms.append((w.key, tok))
                 meta_only = False
+            if w.lower not in _NAME_GLUE:
+                group += 1
             i += 1
             continue
         if kind == "num":
             if entity_run:
                 entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+                groups.append(group)
                 entity_run.clear()
             cjk_prev = None
             value, tol = _number_value(tok)
@@ -364,9 +493,10 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                     surface = text[m_start : matches[i + 1].end()]
                     prev_end = matches[i + 1].end()
                     i += 1
-            numbers.append(Number(surface, value, tol))
+            numbers.append(Number(surface, value, tol, _unit_after(matches, i, n)))
             meta_only = False
             at_start = False
+            group += 1
             i += 1
             continue
         if kind == "pct":
@@ -375,6 +505,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
         # a CJK character
         if entity_run:
             entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
+            groups.append(group)
             entity_run.clear()
         if cjk_prev is not None and m_start == matches[i - 1].end():
             bigram = cjk_prev + tok
@@ -382,12 +513,16 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
         elif i + 1 >= n or matches[i + 1].lastgroup != "cjk":
             terms.append((tok, tok))  # a lone CJK character
         cjk_prev = tok
+        group += 1
         meta_only = False
         at_start = False
         i += 1
     if entity_run:
         entities.append((" ".join(entity_run), tuple(t.lower() for t in entity_run)))
-    return Facts(tuple(terms), tuple(numbers), tuple(entities), tuple(dates), negated, meta_only)
+        groups.append(group)
+    return Facts(
+        tuple(terms), tuple(numbers), tuple(entities), tuple(dates), negated, meta_only, tuple(groups)
+    )
 
 
 @functools.lru_cache(maxsize=65536)
@@ -471,6 +606,20 @@ def sentences(text: str) -> list[Span]:
     ]
 
 
+def sentence_ranges(text: str) -> list[tuple[int, int, Span]]:
+    """The sentences of ``text`` (as :func:`sentences` finds them) with their char ranges in ``text``."""
+    out: list[tuple[int, int, Span]] = []
+    pos = 0
+    for span in sentences(text):
+        start = text.find(span.text, pos)
+        if start < 0:  # cannot happen (a span is a piece of the text); keep the range sane anyway
+            start = pos
+        end = min(len(text), start + len(span.text))
+        out.append((start, end, span))
+        pos = end
+    return out
+
+
 def split_from(text: str, resume: Resume) -> tuple[list[Span], int, Resume] | None:
     """Split ``text`` from ``resume`` (a point that :func:`split_from` returned for a prefix of ``text``).
 
@@ -550,6 +699,29 @@ _CLAUSE_SPLIT_RE = re.compile(r"\s*;\s*|,?\s+(?:but|whereas|while|although|howev
 # characters re.IGNORECASE matches to a letter they do not lower-case to ("ı", "İ" ~ "i"; "ſ" ~ "s")
 _CLAUSE_WORDS = (";", "and", "but", "whereas", "while", "although", "however")
 _CASE_ODDITIES = frozenset("\u0130\u0131\u017f")
+
+
+#: a sentence opening with one of these is about what the sentence before it named
+PRONOUN_RE = re.compile(r"(?:it|he|she|they|its|his|her|their|this|these)\b", re.IGNORECASE)
+
+# where the scope of a negation ends: "X was not A, but B" does not deny B
+_SCOPE_RE = re.compile(
+    r"\s*;\s*|,?\s+(?:but|whereas|while|although|though|however,?|yet)\s+|,\s+(?:which|who)\s+", re.I
+)
+
+
+def scopes(text: str, sentence_start: bool = True) -> list[tuple[str, bool]]:
+    """``text`` cut at clause boundaries (``;``, "but", "while", "whereas", "although", ", which"...): the
+    pieces a negation cue can reach, each with whether it starts a sentence."""
+    out: list[tuple[str, bool]] = []
+    start = 0
+    for m in _SCOPE_RE.finditer(text):
+        if m.start() > start:
+            out.append((text[start : m.start()], start == 0 and sentence_start))
+        start = m.end()
+    if start < len(text):
+        out.append((text[start:], start == 0 and sentence_start))
+    return out or [(text, sentence_start)]
 
 
 def _weight(f: Facts) -> int:

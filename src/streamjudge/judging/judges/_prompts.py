@@ -46,19 +46,26 @@ _JSON_ONLY = "Answer with one JSON object only, no prose and no code fences."
 
 FAITHFULNESS_SYSTEM = """TASK: faithfulness
 You check whether an AI answer is supported by retrieved context passages.
-1. Split the answer into atomic factual claims (one fact each, self-contained, resolved pronouns).
-   Skip greetings, hedges and questions; they are not claims.
+The answer to check is given as numbered sentences ("[1] ...", "[2] ..."). An earlier part of the same
+answer may be given too: it is there only to resolve references ("it", "the tower"); take no claims from it.
+1. Split the answer sentences into atomic factual claims (one fact each, self-contained, resolved
+   pronouns). Skip greetings, hedges and questions; they are not claims.
 2. For each claim decide, using ONLY the context passages (no outside knowledge):
    "supported"    - the context states or directly implies it;
    "contradicted" - the context states something incompatible with it;
    "unsupported"  - the context does not say.
+   and give the number of the sentence it comes from.
 {rule}
 Output schema:
-{{"claims": [{{"claim": "<claim>", "verdict": "supported|contradicted|unsupported", "reason": "<short>"}}]}}
+{{"claims": [{{"claim": "<claim>", "sentence": 1, "verdict": "supported|contradicted|unsupported", \
+"reason": "<short>"}}]}}
 """ + _JSON_ONLY
 
 FAITHFULNESS_USER = """Context passages:
 {contexts}
+
+Earlier part of the answer (reference only, not to be checked):
+{prefix}
 
 Answer to check:
 {answer}"""

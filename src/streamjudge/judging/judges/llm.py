@@ -11,16 +11,19 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 from streamjudge import semconv
+from streamjudge._redact import redact
 from streamjudge.config import JudgeLLMSettings, Settings
 from streamjudge.judging.base import (
     EvalInput,
     JudgeError,
     JudgeResult,
     Score,
+    SentenceScore,
     TransientJudgeError,
 )
 from streamjudge.judging.judges import _prompts as P
 from streamjudge.judging.judges._clients import ChatClient, make_chat_client, metering, parse_json_object
+from streamjudge.sentences import Sentence, split_sentences
 
 Tier = Literal["checkpoint", "final"]
 
@@ -128,7 +131,7 @@ class LLMJudge:
                 raise res
             if isinstance(res, JudgeError):
                 errors.append(res)
-                scores[metric] = Score(metric, None, skipped=f"judge_error: {res}"[:300])
+                scores[metric] = Score(metric, None, skipped=redact(f"judge_error: {res}")[:300])
             elif isinstance(res, BaseException):
                 raise res
             else:
@@ -149,9 +152,14 @@ class LLMJudge:
 
     async def _faithfulness(self, item: EvalInput) -> Score:
         fence = self._fence_factory()
+        # numbered sentences, so each claim says which sentence it is about; the earlier answer text only
+        # resolves references (a checkpoint's sentences are judged once, not the running total again)
+        sentences = split_sentences(item.answer)
+        numbered = "\n".join(f"[{i}] {s.text}" for i, s in enumerate(sentences, 1)) or item.answer
+        prefix = fence.wrap(item.prefix, "earlier answer") if item.prefix.strip() else "(none)"
         system, user = P.build(P.FAITHFULNESS_SYSTEM, P.FAITHFULNESS_USER, fence,
-                               contexts=P.fence_contexts(fence, item.contexts),
-                               answer=fence.wrap(item.answer, "answer"))
+                               contexts=P.fence_contexts(fence, item.contexts), prefix=prefix,
+                               answer=fence.wrap(numbered, "answer"))
         claims = _items(await self._ask(system, user), "claims")
         if not claims:
             return Score(semconv.FAITHFULNESS, None, skipped="no_claims")
@@ -160,7 +168,8 @@ class LLMJudge:
         explanation = f"{sum(verdicts)}/{len(verdicts)} claims supported"
         if bad:
             explanation += "; unsupported: " + P.short_json(bad[:_MAX_EXPLAINED])
-        return Score(semconv.FAITHFULNESS, sum(verdicts) / len(verdicts), explanation=explanation)
+        return Score(semconv.FAITHFULNESS, sum(verdicts) / len(verdicts), explanation=explanation,
+                     sentences=_sentence_scores(sentences, claims, verdicts))
 
     async def _answer_relevancy(self, item: EvalInput) -> Score:
         fence = self._fence_factory()
@@ -212,3 +221,25 @@ class LLMJudge:
         semconv.CONTEXT_PRECISION: _context_precision,
         semconv.CONTEXT_RECALL: _context_recall,
     }
+
+
+def _sentence_scores(
+    sentences: Sequence[Sentence], claims: Sequence[dict[str, Any]], verdicts: Sequence[bool]
+) -> tuple[SentenceScore, ...]:
+    """Per numbered sentence: its supported claims over its claims, the unsupported ones as the reason.
+    Claims without a usable sentence number count for the score but name no sentence."""
+    per: dict[int, list[tuple[bool, str]]] = {}
+    for claim, ok in zip(claims, verdicts, strict=True):
+        n = claim.get("sentence")
+        if isinstance(n, str) and n.strip().isdigit():
+            n = int(n)
+        if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= len(sentences):
+            why = str(claim.get("reason") or claim.get("claim") or "")[:160]
+            per.setdefault(n, []).append((ok, why))
+    out: list[SentenceScore] = []
+    for n in sorted(per):
+        marks = per[n]
+        s = sentences[n - 1]
+        reasons = "; ".join(why for ok, why in marks if not ok and why)
+        out.append(SentenceScore(s.start, s.end, sum(ok for ok, _ in marks) / len(marks), reasons))
+    return tuple(out)

@@ -1,40 +1,69 @@
 """The ``local`` judge: claim-level grounding without a network, a model, or randomness.
 
-Faithfulness splits the answer into claims (sentences, and clauses joined by "and", "but" or ";" when
-each side carries its own facts) and checks each claim against the contexts: named entities, numbers
-(with scale words, "1,000" == "1000", rounding to the written precision), month and day names, content
-words (lowercased, lightly stemmed, small synonym groups, stopwords out) and negation against the best
-matching context sentence. Score = supported claims / checkable claims; assistant filler ("Here is what
-I found.") counts neither way.
+Faithfulness splits the judged text into sentences and each sentence into claims (clauses joined by
+"and", "but" or ";" when each side carries its own facts) and checks each claim against the contexts:
+named entities and numbers (with scale words, "1,000" == "1000", rounding to the written precision, and
+the unit written after them: "5 mg" is not "5 g") stated in a context sentence the claim comes from (a
+year is checked against the event it is said of, a name against the role it is given), month and day
+names, content words (lowercased, lemma-like keys so inflections meet, small synonym groups; stopwords
+and a tier of light words such as "called" or "several" left out) and negation against the best
+matching context clause (a negation reaches the end of its clause; "no fewer than" is no negation; a
+tie between a negated and a plain clause counts as a contradiction). Each sentence with at least one
+checkable claim gets a :class:`SentenceScore` (supported claims / checkable claims, and a reason naming
+what is unsupported); sentences of assistant filler ("Here is what I found.") or questions carry no
+claim, are not listed and count neither way. The score is supported claims / checkable claims of the
+whole judged text; a labelled score fails when any sentence does.
+
+A checkpoint sends only its new sentences (``EvalInput.answer``) with the text before them
+(``EvalInput.prefix``); only the new sentences are scored. A sentence that opens with a pronoun ("It was
+completed in 1889.") is tied to the words of the first clause of the sentence before it (the prefix's
+last sentence, for a checkpoint's first sentence): those words may connect the sentence's names and
+numbers to the context sentence they come from, and are never themselves required to be in the contexts
+(they were checked where they were stated). Context sentences that open with a pronoun are tied to the
+first name of the sentence before them in the same way. Nothing else is resolved: a definite reference
+("the tower") carries its own content word, which is checked like any other.
 
 Context precision ranks the contexts by how much of the question's focus terms each holds and averages
 precision over the ranks (the rank-weighted average precision of ragas' ContextPrecisionWithoutReference,
 with term overlap in place of an LLM verdict). Answer relevancy is the share of the question's focus
 terms the answer takes up, and 0 for a refusal. Context recall is the share of reference claims the
-contexts support.
+contexts support, with per-sentence scores of the reference.
 
 Contexts are indexed once per contexts tuple (a small LRU; each context's analysis is shared between
-tuples), claim verdicts are cached per index, and each index remembers how far a running text has been
-split and judged, so re-judging the growing running text at every checkpoint splits and judges only what
-follows its last final sentence: a checkpoint costs about its new sentences, not the whole prefix.
+tuples) and sentence verdicts are cached per index, so the final pass pays little for the sentences its
+checkpoints judged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any
 
 from streamjudge import semconv
-from streamjudge.judging.base import EvalInput, JudgeResult, Score
-from streamjudge.judging.judges._local_index import LISTED, ClaimVerdict, ContextIndex, IndexCache, fact_keys
-from streamjudge.judging.judges._local_text import analyze, normalize, word_keys
+from streamjudge.judging.base import EvalInput, JudgeResult, Score, SentenceScore
+from streamjudge.judging.judges._local_index import ClaimVerdict, ContextIndex, IndexCache, fact_keys
+from streamjudge.judging.judges._local_text import (
+    PRONOUN_RE,
+    Span,
+    analyze,
+    normalize,
+    scopes,
+    sentence_ranges,
+    sentences,
+    word_keys,
+)
 
 # inputs larger than this are judged in a worker thread by ``evaluate`` so the pool's loop stays responsive
 _THREAD_OFFLOAD_CHARS = 100_000
-_MAX_LISTED = LISTED  # unsupported claims quoted in an explanation
+_MAX_LISTED = 3  # unsupported claims quoted in an explanation
 _MAX_QUOTE = 160
+_MAX_REASON = 200
+# a sentence that opens with a pronoun is tied to the first clause of the sentence before it (the
+# prefix's last sentence for a checkpoint's first sentence); only this much of the prefix is read
+_PREFIX_TAIL = 400
 
 _REFUSAL_RE = re.compile(
     r"\b(?:i (?:do not|don't|cannot|can't|am unable to|'m unable to|am not able to|'m not able to)"
@@ -100,10 +129,7 @@ class LocalJudge:
             return Score(name, None, skipped="empty_answer")
         if not _has_text(item.contexts):
             return Score(name, None, skipped="no_contexts")
-        index = self._index(item.contexts)
-        # a checkpoint may end mid-sentence; the unfinished tail is judged once it is complete
-        drop_tail = item.kind == "checkpoint"
-        return _claims_score(name, index, item.answer, drop_tail=drop_tail, what="claims")
+        return _claims_score(name, self._index(item.contexts), item.answer, what="claims", prefix=item.prefix)
 
     def _context_recall(self, item: EvalInput) -> Score:
         name = semconv.CONTEXT_RECALL
@@ -111,8 +137,7 @@ class LocalJudge:
             return Score(name, None, skipped="no_reference")
         if not _has_text(item.contexts):
             return Score(name, None, skipped="no_contexts")
-        index = self._index(item.contexts)
-        return _claims_score(name, index, item.reference, drop_tail=False, what="reference claims")
+        return _claims_score(name, self._index(item.contexts), item.reference, what="reference claims")
 
     def _context_precision(self, item: EvalInput) -> Score:
         name = semconv.CONTEXT_PRECISION
@@ -168,27 +193,80 @@ _METRICS = {
 }
 
 
-def _claims_score(name: str, index: ContextIndex, text: str, *, drop_tail: bool, what: str) -> Score:
-    tally = index.tally(normalize(text), drop_tail=drop_tail)
-    if tally.checked == 0:
+@functools.lru_cache(maxsize=4096)
+def _subject(sentence: str) -> frozenset[str]:
+    """The words of the first clause of ``sentence`` (normalised): what a following "it" may stand for.
+    They only tie the next sentence's names and numbers to context sentences (a pronoun leaves a claim
+    with little to tie them to); they are never required to be in the context."""
+    piece, start = scopes(sentence)[0]
+    return fact_keys(analyze(piece, start))
+
+
+def _claims_score(name: str, index: ContextIndex, text: str, *, what: str, prefix: str = "") -> Score:
+    checked = supported = 0
+    listed: list[tuple[str, ClaimVerdict]] = []
+    per_sentence: list[SentenceScore] = []
+    before: str | None = None  # the sentence before the one being judged, when it is known
+    for start, end, span in sentence_ranges(text):
+        norm = Span(normalize(span.text), span.terminated, span.sentence_start)
+        antecedent: frozenset[str] = frozenset()
+        if PRONOUN_RE.match(norm.text):
+            if before is None and prefix.strip():
+                tail = sentences(normalize(prefix[-_PREFIX_TAIL:]))
+                before = tail[-1].text if tail else None
+            if before is not None:
+                antecedent = _subject(before)
+        verdicts = index.verify_sentence(norm, antecedent)
+        before = norm.text
+        s_checked = s_supported = 0
+        reasons: list[str] = []
+        for claim, verdict in verdicts:
+            if verdict.filler:
+                continue
+            s_checked += 1
+            if verdict.supported:
+                s_supported += 1
+                continue
+            reasons.extend(_reasons(verdict))
+            if len(listed) < _MAX_LISTED:
+                listed.append((claim, verdict))
+        if s_checked:
+            checked += s_checked
+            supported += s_supported
+            reason = "; ".join(dict.fromkeys(reasons))
+            if len(reason) > _MAX_REASON:
+                reason = reason[: _MAX_REASON - 3] + "..."
+            per_sentence.append(SentenceScore(start, end, s_supported / s_checked, reason))
+    if checked == 0:
         return Score(name, None, skipped="no_claims")
-    value = tally.supported / tally.checked
-    head = f"{tally.supported}/{tally.checked} {what} supported"
-    if not tally.unsupported:
-        return Score(name, value, explanation=head)
-    parts = [_describe(text, v) for text, v in tally.listed[:_MAX_LISTED]]
-    extra = tally.unsupported - _MAX_LISTED
+    value = supported / checked
+    head = f"{supported}/{checked} {what} supported"
+    unsupported = checked - supported
+    if not unsupported:
+        return Score(name, value, explanation=head, sentences=tuple(per_sentence))
+    parts = [_describe(claim, v) for claim, v in listed]
+    extra = unsupported - len(listed)
     more = f"; and {extra} more" if extra > 0 else ""
-    return Score(name, _clamp(value), explanation=f"{head}; unsupported: {'; '.join(parts)}{more}")
+    return Score(name, _clamp(value), explanation=f"{head}; unsupported: {'; '.join(parts)}{more}",
+                 sentences=tuple(per_sentence))
+
+
+def _reasons(verdict: ClaimVerdict) -> list[str]:
+    reasons: list[str] = []
+    if verdict.missing:
+        reasons.append("not in context: " + ", ".join(verdict.missing[:8]))
+    if verdict.detached:
+        reasons.append("said of something else in the context: " + ", ".join(verdict.detached[:4]))
+    if verdict.units:
+        reasons.append("unit differs from the context: " + ", ".join(verdict.units[:4]))
+    if verdict.negation_mismatch:
+        reasons.append("negation differs from the context")
+    return reasons
 
 
 def _describe(text: str, verdict: ClaimVerdict) -> str:
     quote = text if len(text) <= _MAX_QUOTE else text[: _MAX_QUOTE - 3] + "..."
-    reasons: list[str] = []
-    if verdict.missing:
-        reasons.append("not in context: " + ", ".join(verdict.missing[:8]))
-    if verdict.negation_mismatch:
-        reasons.append("negation differs from the context")
+    reasons = _reasons(verdict)
     return f'"{quote}" ({"; ".join(reasons)})' if reasons else f'"{quote}"'
 
 

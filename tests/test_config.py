@@ -1,0 +1,145 @@
+"""Settings from the environment: errors that say which variable and what it accepts, warnings for typos."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from streamjudge import config
+from streamjudge.config import ConfigError, Settings, load_settings, load_settings_or_default
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # warnings are once per process; each test starts with none given
+    monkeypatch.setattr(config, "_warned", set())
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"STREAMJUDGE_ACTION": "bogus"}, "STREAMJUDGE_ACTION='bogus': expected one of flag, regenerate, stop"),
+        ({"STREAMJUDGE_MODE": "fast"}, "STREAMJUDGE_MODE='fast': expected one of stream_first, hold_back"),
+        ({"STREAMJUDGE_PREFLIGHT_ACTION": "x"},
+         "STREAMJUDGE_PREFLIGHT_ACTION='x': expected one of none, warn, skip_checks, stop"),
+        ({"STREAMJUDGE_THRESHOLD": "1.5"}, "STREAMJUDGE_THRESHOLD='1.5': expected a number from 0 to 1"),
+        ({"STREAMJUDGE_THRESHOLD": "high"}, "STREAMJUDGE_THRESHOLD='high': expected a number"),
+        ({"STREAMJUDGE_SAMPLE_RATE": "-1"}, "STREAMJUDGE_SAMPLE_RATE='-1': expected a number from 0 to 1"),
+        ({"STREAMJUDGE_CONCURRENCY": "0"}, "STREAMJUDGE_CONCURRENCY='0': expected an integer >= 1"),
+        ({"STREAMJUDGE_CHECKPOINT_CHARS": "0"}, "STREAMJUDGE_CHECKPOINT_CHARS='0': expected an integer >= 1"),
+        ({"STREAMJUDGE_CHECKPOINT_SENTENCES": "two"},
+         "STREAMJUDGE_CHECKPOINT_SENTENCES='two': expected an integer"),
+        ({"STREAMJUDGE_PREFLIGHT": "maybe"}, "STREAMJUDGE_PREFLIGHT='maybe': expected true or false"),
+        ({"STREAMJUDGE_THRESHOLDS": "faithfulness"}, "STREAMJUDGE_THRESHOLDS: expected metric=value pairs"),
+        ({"STREAMJUDGE_THRESHOLDS": "faithfulness=7"}, "values from 0 to 1"),
+        ({"STREAMJUDGE_JUDGE": "ragass"},
+         "STREAMJUDGE_JUDGE='ragass': expected local, model, llm, ragas, deepeval or package.module:ClassName "
+         "(did you mean 'ragas'?)"),
+        ({"STREAMJUDGE_CHECKPOINT_JUDGE": "nli"}, "STREAMJUDGE_CHECKPOINT_JUDGE='nli': expected local"),
+    ],
+)
+def test_every_error_names_the_variable_and_what_it_accepts(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(env)
+    assert message in str(err.value)
+
+
+def test_a_field_set_in_code_is_named_with_its_variable() -> None:
+    with pytest.raises(ConfigError, match=r"Settings.action='bogus': expected one of flag, regenerate, stop "
+                                          r"\(environment: STREAMJUDGE_ACTION\)"):
+        Settings(action="bogus")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="STREAMJUDGE_ACTION"):
+        load_settings({}, action="bogus")
+
+
+def test_enum_values_in_any_case() -> None:
+    s = load_settings({"STREAMJUDGE_ACTION": "STOP", "STREAMJUDGE_MODE": "Hold-Back",
+                       "STREAMJUDGE_PREFLIGHT_ACTION": " Skip_Checks ", "STREAMJUDGE_JUDGE": "Local"})
+    assert (s.action, s.mode, s.preflight_action, s.judge) == ("stop", "hold_back", "skip_checks", "local")
+    assert Settings(action="Regenerate").action == "regenerate"  # type: ignore[arg-type]
+
+
+def test_a_judge_class_path_is_taken_as_written() -> None:
+    assert load_settings({"STREAMJUDGE_JUDGE": "my_pkg.judges:Strict"}).judge == "my_pkg.judges:Strict"
+
+
+def test_unknown_variable_warns_once_with_the_closest_name(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"STREAMJUDGE_TRESHOLD": "0.5"}
+    with caplog.at_level(logging.WARNING, logger="streamjudge.config"):
+        s = load_settings(env)
+        load_settings(env)
+    assert s.threshold == 0.7  # ignored, as warned
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["streamjudge: unknown variable STREAMJUDGE_TRESHOLD is ignored "
+                     "(did you mean 'STREAMJUDGE_THRESHOLD'?)"]
+
+
+def test_variables_of_the_collector_setup_are_not_unknown(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"STREAMJUDGE_COLLECTOR_OTLP_HTTP_ENDPOINT": "127.0.0.1:4318", "STREAMJUDGE_LOW_SCORE_THRESHOLD": "0.5",
+           "STREAMJUDGE_TRACES_EXPORTERS": "[otlp_grpc/jaeger]", "STREAMJUDGE_THRESHOLD": "0.6",
+           "OTHER_TRESHOLD": "1"}
+    with caplog.at_level(logging.WARNING, logger="streamjudge.config"):
+        assert load_settings(env).threshold == 0.6
+    assert not caplog.records
+
+
+def test_unknown_metric_warns_with_the_closest_name(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="streamjudge.config"):
+        load_settings({"STREAMJUDGE_FINAL_METRICS": "faithfullness,answer_relevancy",
+                       "STREAMJUDGE_THRESHOLDS": "context_precison=0.3"})
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "STREAMJUDGE_FINAL_METRICS: unknown metric 'faithfullness' is not scored (did you mean 'faithfulness'?)" \
+        in text
+    assert "STREAMJUDGE_THRESHOLDS: unknown metric 'context_precison'" in text
+    assert "answer_relevancy" not in text.split("known:")[0]
+    assert len(caplog.records) == 2
+
+
+def test_rubric_names_and_own_judges_metrics_are_not_unknown(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="streamjudge.config"):
+        load_settings({"STREAMJUDGE_GEVAL_RUBRICS": '{"tone": ["Is it neutral?"]}',
+                       "STREAMJUDGE_FINAL_METRICS": "tone,geval_groundedness,faithfulness"})
+        load_settings({"STREAMJUDGE_JUDGE": "my.mod:Judge", "STREAMJUDGE_FINAL_METRICS": "toxicity"})
+    assert not caplog.records
+
+
+def test_or_default_keeps_the_good_settings_and_logs_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    log = logging.getLogger("test.instrumentor")
+    env = {"STREAMJUDGE_ACTION": "bogus", "STREAMJUDGE_THRESHOLD": "x", "STREAMJUDGE_MODE": "hold_back",
+           "STREAMJUDGE_CHECKPOINT_CHARS": "0"}
+    with caplog.at_level(logging.WARNING):
+        s = load_settings_or_default(log, env)
+    assert (s.action, s.threshold, s.mode, s.window_chars) == ("flag", 0.7, "hold_back", 200)
+    mine = [r for r in caplog.records if r.name == "test.instrumentor"]
+    assert len(mine) == 1 and mine[0].levelno == logging.ERROR
+    line = mine[0].getMessage()
+    assert "STREAMJUDGE_ACTION='bogus': expected one of flag, regenerate, stop" in line
+    assert "STREAMJUDGE_THRESHOLD='x'" in line and "STREAMJUDGE_CHECKPOINT_CHARS='0'" in line
+    assert "using the defaults" in line and "\n" not in line
+
+
+def test_or_default_is_silent_when_all_is_well(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        s = load_settings_or_default(env={"STREAMJUDGE_ACTION": "stop"})
+    assert s.action == "stop" and not caplog.records
+
+
+def test_or_default_survives_a_bad_judge_llm_setting() -> None:
+    s = load_settings_or_default(env={"EVAL_TIMEOUT": "soon", "STREAMJUDGE_ACTION": "stop"})
+    assert s.action == "stop" and s.eval_llm.timeout_s == 30.0
+
+
+def test_the_warning_reaches_stderr_without_any_logging_setup() -> None:
+    # an app that configured no logging still sees the line (Python's last-resort handler)
+    code = "import streamjudge.config as c; c.load_settings({'STREAMJUDGE_TRESHOLD': '0.5'})"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert "STREAMJUDGE_TRESHOLD is ignored (did you mean 'STREAMJUDGE_THRESHOLD'?)" in p.stderr
+
+
+def test_the_judge_names_accepted_are_the_built_in_judges() -> None:
+    from streamjudge.judging import judges
+
+    assert set(config.JUDGE_NAMES) == set(judges._BUILTIN)

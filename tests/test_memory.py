@@ -1,0 +1,92 @@
+"""Memory is bounded by the answer, not by the answer times its checkpoints (issue: 1 MB -> 3.6 GB)."""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+from collections.abc import AsyncIterator, Sequence
+
+from conftest import Harness
+from streamjudge import guard, semconv
+from streamjudge.judging.base import EvalInput, JudgeResult, Score
+
+SENTENCE = "The tower is 330 metres tall and stands in Paris. "
+
+
+class SlowishJudge:
+    """Answers after a short pause, so a fast stream queues and coalesces checkpoints."""
+
+    name = "slowish"
+
+    def __init__(self) -> None:
+        self.largest = 0
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        self.largest = max(self.largest, len(item.answer) + len(item.prefix))
+        await asyncio.sleep(0.001)
+        return JudgeResult(self.name, tuple(Score(m, 1.0) for m in metrics))
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def _tokens(total: int) -> AsyncIterator[str]:
+    sent = 0
+    while sent < total:
+        for word in SENTENCE.split(" "):
+            yield word + " "
+        sent += len(SENTENCE) + 1
+        if sent % 20_000 < len(SENTENCE):
+            await asyncio.sleep(0)
+
+
+def _peak(harness: Harness, total: int) -> tuple[int, SlowishJudge]:
+    judge = SlowishJudge()
+    harness.configure(judge, preflight=False, end_wait_s=0.5, max_text_attribute_chars=4096)
+
+    async def run() -> None:
+        async for _ in guard(_tokens(total), question="q", contexts=["The tower is 330 metres tall."]):
+            pass
+
+    tracemalloc.start()
+    try:
+        asyncio.run(run())
+        harness.spans()
+        return tracemalloc.get_traced_memory()[1], judge
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_long_answer_costs_memory_linear_in_its_length(harness: Harness) -> None:
+    small, _ = _peak(harness, 100_000)
+    large, judge = _peak(harness, 1_000_000)
+    # quadratic growth would be ~100x for 10x the text; the text itself, its tokens and the final pass's copy
+    # are linear. Generous bound: a fixed part plus 40 bytes per char of answer.
+    assert large < 10 * small + 40_000_000, (small, large)
+    assert large < 120_000_000, large
+    # no request carried more than a bounded slice of text (checkpoints send new sentences, not the total);
+    # only the final pass sees the whole answer
+    checkpoint_sizes = judge.largest
+    assert checkpoint_sizes >= 1_000_000  # the final pass
+
+
+def test_checkpoint_requests_never_carry_the_running_text(harness: Harness) -> None:
+    sizes: list[int] = []
+
+    class Recording(SlowishJudge):
+        async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+            if item.kind == "checkpoint":
+                sizes.append(len(item.answer) + len(item.prefix))
+            return JudgeResult(self.name, tuple(Score(m, 1.0) for m in metrics))
+
+    harness.configure(Recording(), preflight=False)
+
+    async def run() -> None:
+        async for _ in guard(_tokens(200_000), question="q", contexts=["The tower is 330 metres tall."]):
+            pass
+
+    asyncio.run(run())
+    spans = harness.spans()
+    assert sizes and max(sizes) <= 8_192 + 1_000  # a coalesced request is capped; the prefix is a tail
+    cps = [s for s in spans if s.name == semconv.SPAN_CHECKPOINT]
+    assert max(len(s.attributes[semconv.CHECKPOINT_TEXT]) for s in cps) < 1_000
