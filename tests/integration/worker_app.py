@@ -34,7 +34,7 @@ CONTEXTS = (
 )
 QUESTION = "When was the Eiffel Tower completed and how tall is it?"
 GROUNDED = ("The Eiffel Tower was completed in 1889 for the World's Fair. It is 330 metres tall. "
-            "Gustave Eiffel's company built it. It stayed the tallest structure until 1930.")
+            "Gustave Eiffel's company built it. It was the tallest structure until 1930.")
 # the last two sentences are not in the contexts: the final pass scores them low
 FABRICATED = ("The Eiffel Tower was completed in 1889 for the World's Fair. It is 330 metres tall. "
               "It was painted gold in 1955 by Picasso. Napoleon opened it with a concert in Rome.")
