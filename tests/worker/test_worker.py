@@ -239,3 +239,30 @@ def test_over_its_span_bound_the_worker_sends_the_oldest_trace_on_unchanged_and_
     worker.ingest(request(late))
     worker.service.force_flush(10_000)
     assert [s.attributes[semconv.EVAL_STATUS] for s in out.answers()] == ["judged"]
+
+
+class _StuckExport(SimpleSpanProcessor):
+    """An export path whose flush hangs (the onward backend is down and the exporter keeps retrying)."""
+
+    def __init__(self) -> None:
+        super().__init__(InMemorySpanExporter())
+        self.release = threading.Event()
+        self.flush_returned = threading.Event()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        self.release.wait(60)
+        self.flush_returned.set()
+        return True
+
+
+def test_shutdown_keeps_its_deadline_when_the_export_path_hangs() -> None:
+    stuck = _StuckExport()
+    worker = Worker(Settings(), WorkerOptions(http_endpoint=None, grpc_endpoint=None), export=stuck,
+                    judge=KeywordJudge())
+    worker.ingest(request(app_trace(answer=False)))
+    try:
+        summary = worker.shutdown(0.5)
+        assert not stuck.flush_returned.is_set()  # it returned without waiting for the stuck flush
+        assert summary["flushed_spans"] == 3
+    finally:
+        stuck.release.set()

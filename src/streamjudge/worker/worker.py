@@ -424,14 +424,24 @@ class Worker:
         reserve = min(2.0, budget * 0.3)
         judging_ms = max(1, int((deadline - time.monotonic() - reserve) * 1000))
         before = dict(self.answer_counts())
-        self.processor.set_shutdown_timeout(judging_ms)
-        self.processor.close(close_downstream=False)  # drain the pool; leftovers exported as `shutdown`
-        leftover = self.buffer.drain()  # nothing should be left: every answer had its outcome above
-        self._export(leftover)
+        leftover: list[Release] = []
+
+        def close() -> None:
+            self.processor.set_shutdown_timeout(judging_ms)
+            self.processor.close(close_downstream=False)  # drain the pool; the rest exported as `shutdown`
+            leftover.extend(self.buffer.drain())  # nothing should be left: every answer had its outcome
+            self._export(leftover)
+            self._outbound.export.force_flush(max(1, int((deadline - time.monotonic()) * 1000)))
+            self._outbound.export.shutdown()
+
+        # the SDK's export path does not bound its own flush (an onward backend that is down holds it for
+        # the exporter's timeout and retries): the deadline is kept by not waiting longer than it
+        closer = threading.Thread(target=close, name="streamjudge-worker-close", daemon=True)
+        closer.start()
+        closer.join(timeout=max(0.0, deadline - time.monotonic()))
+        if closer.is_alive():
+            _log.warning("streamjudge worker: the export path did not finish within the shutdown deadline")
         flushed += leftover
-        left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-        self._outbound.export.force_flush(left_ms)
-        self._outbound.export.shutdown()
         try:
             self.meter_provider.shutdown(timeout_millis=max(1, int((deadline - time.monotonic()) * 1000)))
         except Exception:
