@@ -50,18 +50,19 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"streamjudge worker: {exc}", file=sys.stderr)
         return 2
-    try:
-        worker.start()
-    except OSError as exc:
-        print(f"streamjudge worker: cannot listen: {exc}", file=sys.stderr)
-        return 2
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
         stop.set()
 
+    # before the receivers: once /healthz answers, a SIGTERM must reach the drain, not the default action
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    try:
+        worker.start()
+    except OSError as exc:
+        print(f"streamjudge worker: cannot listen: {exc}", file=sys.stderr)
+        return 2
     _say({"event": "ready", "http_port": worker.http_port, "grpc_port": worker.grpc_port,
           "judge": settings.judge})
     while not stop.wait(1.0):
