@@ -117,7 +117,10 @@ def test_each_action_with_client_events_on(
     kinds = [f["type"] for f in others]
     assert "warning" in kinds  # in the app's own frame format: a data-only JSON frame
     warning = next(f for f in others if f["type"] == "warning")
-    assert warning["metric"] == semconv.FAITHFULNESS and warning["char_start"] == len(GROUNDED)
+    assert warning["metric"] == semconv.FAITHFULNESS
+    # the fabricated sentence and only it: not the window, not the grounded sentences before it
+    assert ANSWER[warning["char_start"] : warning["char_end"]] == FABRICATED
+    assert [ANSWER[s["start"] : s["end"]] for s in warning["sentences"]] == [FABRICATED]
     if action == "stop":
         assert kinds[-1] == "stop"
     if action == "regenerate":

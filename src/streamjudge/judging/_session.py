@@ -641,8 +641,10 @@ class GuardSession:
 
     def _start_regeneration(self, v: Verdict) -> None:
         self._verdict = "regenerated"
-        keep = self._good_end
         text = self._windows.text()
+        keep = self._good_end
+        while keep > 0 and text[keep - 1].isspace():
+            keep -= 1  # the continuation brings its own separator
         shown = len(text)
         if self.hold_back:
             # nothing past the last released window was shown, and what was not shown is not kept either
