@@ -323,6 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("demo", add_help=False,
                    help="serve the example RAG app under opentelemetry-instrument and stream questions at it "
                         "(--offline: the in-process demo)")
+
+    from streamjudge.worker import _cli as worker_cli  # light: the worker itself is imported on run
+
+    wp = sub.add_parser("worker", help="judge deferred final passes of spans received over OTLP")
+    worker_cli.add_arguments(wp)
+    wp.set_defaults(func=worker_cli.run)
     return parser
 
 

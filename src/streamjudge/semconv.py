@@ -163,6 +163,18 @@ CONTEXT_RECALL: Final = "context_recall"
 # --- instrumentation scope -----------------------------------------------------------------------
 TRACER_NAME: Final = "streamjudge"
 
+# --- `streamjudge worker` (deferred final pass behind the collector's load_balancing exporter) -----
+METRIC_WORKER_SPANS_RECEIVED: Final = "streamjudge.worker.spans.received"
+# re-sent by a collector retry: recognised by its ids, not exported again
+METRIC_WORKER_SPANS_DUPLICATE: Final = "streamjudge.worker.spans.duplicate"
+# non-answer spans exported, by why they left the trace buffer (judged, complete, evicted_*, ...)
+METRIC_WORKER_SPANS_RELEASED: Final = "streamjudge.worker.spans.released"
+METRIC_WORKER_ANSWERS: Final = "streamjudge.worker.answers"  # deferred answers by outcome status
+METRIC_WORKER_BUFFER_TRACES: Final = "streamjudge.worker.buffer.traces"
+METRIC_WORKER_BUFFER_SPANS: Final = "streamjudge.worker.buffer.spans"
+METRIC_WORKER_BUFFER_BYTES: Final = "streamjudge.worker.buffer.bytes"
+METRIC_ATTR_STATUS: Final = "status"
+
 # --- export failures (span exporters streamjudge creates or takes over) ----------------------------
 METRIC_EXPORT_FAILURES: Final = "streamjudge.export.failures"  # spans an exporter failed to deliver
 METRIC_ATTR_EXPORTER: Final = "exporter"
