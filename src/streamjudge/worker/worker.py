@@ -120,21 +120,8 @@ def batch_processor(exporter: SpanExporter, meter_provider: MeterProvider) -> Ba
 
 
 def pool_from_settings(settings: Settings, meter_provider: metrics.MeterProvider) -> JudgePool:
-    """A judge pool configured like the application's (same settings, same bounds)."""
-    return JudgePool(
-        concurrency=settings.concurrency,
-        queue_size=settings.queue_size,
-        timeout_s=settings.judge_timeout_s,
-        max_retries=settings.max_retries,
-        backoff_s=settings.retry_backoff_s,
-        sample_rate=settings.sample_rate,
-        # a worker judges whole answers of many streams: no per-stream budget applies (stream id 0)
-        global_budget_per_minute=settings.global_budget_per_minute,
-        max_queue_wait_s=settings.hold_timeout_s,
-        max_queue_bytes=settings.max_queue_chars,
-        # the worker does nothing but judge: its pool thread is not capped against an application's
-        meter_provider=meter_provider,
-    )
+    """A judge pool configured like the application's, for a process that does nothing but judge."""
+    return JudgePool.from_settings(settings, meter_provider, in_app=False)
 
 
 class _Outbound(SpanProcessor):
