@@ -758,3 +758,15 @@ def test_a_chain_of_pronoun_sentences_still_refers_to_the_named_subject() -> Non
     assert whole.scores[0].value == 1.0, whole.scores[0].explanation
     bad = judge.evaluate_sync(EvalInput("q", contexts, " It is in Lyon.", "checkpoint", prefix=prefix), [F])
     assert bad.scores[0].value == 0.0
+
+
+def test_a_context_sentence_that_names_its_subject_by_a_definite_description_supports_claims_about_it() -> None:
+    # "The tower is 330 metres tall." after "The Eiffel Tower is in Paris." is about the Eiffel Tower
+    contexts = ("The Eiffel Tower is in Paris. The tower is 330 metres tall.",)
+    judge = LocalJudge()
+    ok = judge.evaluate_sync(EvalInput("q", contexts, "The Eiffel Tower is 330 metres tall."), [F])
+    assert ok.scores[0].value == 1.0, ok.scores[0].explanation
+    # ... but a name it does not share a word with is still detached from it
+    bad = judge.evaluate_sync(EvalInput("q", ("The Eiffel Tower is in Paris. The bridge is 330 metres long.",),
+                                        "The Eiffel Tower is 330 metres long."), [F])
+    assert bad.scores[0].value == 0.0, bad.scores[0].explanation

@@ -106,11 +106,28 @@ class ContextPart:
                 if not subject and facts.entities:
                     tokens = facts.entities[0][1]
                     subject = frozenset((*tokens, *map(term, tokens)))
-            # "The tower is in Paris. It was completed in 1889.": the second sentence is about the tower
-            carried = before if PRONOUN_RE.match(span.text) else frozenset()
+            # "The tower is in Paris. It was completed in 1889.": the second sentence is about the tower;
+            # so is "The tower is 330 metres tall." after "The Eiffel Tower is in Paris." (a definite
+            # description by a word of the name before)
+            refers = PRONOUN_RE.match(span.text) is not None or _refers_back(span.text, before)
+            carried = before if refers else frozenset()
             per_sentence.append((tuple(clauses), carried))
             before = subject or carried
         return cls(frozenset(raw), frozenset(keys), tuple(per_sentence), frozenset(keys | raw | facts_keys))
+
+
+_DEFINITE_RE = re.compile(r"the\s+([^\W\d_]+)\b", re.IGNORECASE)
+
+
+def _refers_back(sentence: str, before: frozenset[str]) -> bool:
+    """Whether ``sentence`` opens with "the <word>" where the word belongs to the name ``before``."""
+    if not before:
+        return False
+    m = _DEFINITE_RE.match(sentence)
+    if m is None:
+        return False
+    word = m.group(1)
+    return any(w in before for w in (word, word.lower(), word.capitalize(), term(word.lower())))
 
 
 class PartCache:
