@@ -445,3 +445,31 @@ def test_streamjudge_spans_carry_openinference_kinds_and_input_output(harness: H
     assert stream.attributes[semconv.OUTPUT_VALUE].strip() == "The sky is blue."
     cps = [s for s in spans if s.name == semconv.SPAN_CHECKPOINT]
     assert cps and {c.attributes[semconv.OPENINFERENCE_SPAN_KIND] for c in cps} == {"GUARDRAIL"}
+
+
+@pytest.mark.parametrize("driver", ["async", "sync"])
+def test_a_failing_last_window_is_regenerated_after_the_source_ended(harness: Harness, driver: str) -> None:
+    # the failing window is closed by the end of the source (a two-sentence answer, the default window):
+    # the retraction must be followed by the continuation, not by `done`
+    harness.configure(SentenceJudge(), preflight=False, action="regenerate", end_wait_s=2.0)
+    answer = f"The sky is blue. Grass is {MARK} purple."
+    calls: list[str] = []
+
+    def regenerate(req: streamjudge.RegenerateRequest) -> Any:
+        calls.append(req.accepted_prefix)
+        if driver == "async":
+            return _words(" Water is wet.")
+        return [" Water ", "is ", "wet."]
+
+    if driver == "async":
+        events = _consume(streamjudge.guard(_words(answer), question="sky", contexts=CONTEXTS,
+                                            regenerate=regenerate))
+    else:
+        events = list(streamjudge.guard([w + " " for w in answer.split(" ")], question="sky",
+                                        contexts=CONTEXTS, regenerate=regenerate))
+    kinds = [e.type for e in events]
+    assert "retract" in kinds and calls == ["The sky is blue."]
+    after = events[kinds.index("retract") + 1 :]
+    assert "".join(e.text for e in after if e.type == "token").strip() == "Water is wet."
+    done = events[-1]
+    assert done.type == "done" and done.data is not None and done.data["regenerations"] == 1

@@ -143,89 +143,97 @@ class GuardedStream:
             accept = s.accept
             new_event = _new_event
             broken = False
-            while True:
-                if s.has_events:
-                    for ev in s.drain():
-                        yield ev
-                    if s.regen_request is not None:
-                        if nxt is not None:
-                            nxt.cancel()
-                            nxt = None
-                        await _aclose(source)
-                        source = _to_async(s.open_regeneration(s.begin_regeneration()))
-                        pending = s._pending
-                        continue
-                if s.stopped:
-                    break
-                if not pending and nxt is None and not s.preflight_pending:
-                    # the fast path: nothing in flight, just the next token
-                    if deferred:
-                        call_soon(deferred.pop())
-                    try:
-                        tok = await source.__anext__()
-                    except StopAsyncIteration:
-                        break
-                elif (pending and slow) or s.preflight_pending:
-                    # verdicts in flight and a slow source: race the next token against them
-                    if nxt is None:
-                        nxt_started = perf_counter()
-                        nxt = asyncio.ensure_future(source.__anext__())
-                    if deferred:
-                        call_soon(deferred.pop())  # after the source task's first step
-                    if not nxt.done():
-                        await waker.wait(nxt, None)
-                        if not nxt.done():
+            while True:  # one round per token source: the app's, then each regeneration's
+                while True:
+                    if s.has_events:
+                        for ev in s.drain():
+                            yield ev
+                        if s.regen_request is not None:
+                            if nxt is not None:
+                                nxt.cancel()
+                                nxt = None
+                            await _aclose(source)
+                            source = _to_async(s.open_regeneration(s.begin_regeneration()))
+                            pending = s._pending
                             continue
-                    fut, nxt = nxt, None
-                    try:
-                        tok = fut.result()
-                    except StopAsyncIteration:
+                    if s.stopped:
                         break
-                    slow = perf_counter() - nxt_started > _RACE_GAP_S
-                elif nxt is not None:
-                    if deferred:
-                        call_soon(deferred.pop())
-                    fut, nxt = nxt, None
+                    if not pending and nxt is None and not s.preflight_pending:
+                        # the fast path: nothing in flight, just the next token
+                        if deferred:
+                            call_soon(deferred.pop())
+                        try:
+                            tok = await source.__anext__()
+                        except StopAsyncIteration:
+                            break
+                    elif (pending and slow) or s.preflight_pending:
+                        # verdicts in flight and a slow source: race the next token against them
+                        if nxt is None:
+                            nxt_started = perf_counter()
+                            nxt = asyncio.ensure_future(source.__anext__())
+                        if deferred:
+                            call_soon(deferred.pop())  # after the source task's first step
+                        if not nxt.done():
+                            await waker.wait(nxt, None)
+                            if not nxt.done():
+                                continue
+                        fut, nxt = nxt, None
+                        try:
+                            tok = fut.result()
+                        except StopAsyncIteration:
+                            break
+                        slow = perf_counter() - nxt_started > _RACE_GAP_S
+                    elif nxt is not None:
+                        if deferred:
+                            call_soon(deferred.pop())
+                        fut, nxt = nxt, None
+                        try:
+                            tok = await fut
+                        except StopAsyncIteration:
+                            break
+                    else:
+                        if deferred:
+                            call_soon(deferred.pop())
+                        t0 = perf_counter()
+                        try:
+                            tok = await source.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        slow = perf_counter() - t0 > _RACE_GAP_S
+                    if broken:
+                        if isinstance(tok, str) and tok:
+                            yield new_event(StreamEvent, ("token", tok, None))
+                        continue
                     try:
-                        tok = await fut
-                    except StopAsyncIteration:
-                        break
-                else:
-                    if deferred:
-                        call_soon(deferred.pop())
-                    t0 = perf_counter()
-                    try:
-                        tok = await source.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    slow = perf_counter() - t0 > _RACE_GAP_S
-                if broken:
-                    if isinstance(tok, str) and tok:
-                        yield new_event(StreamEvent, ("token", tok, None))
-                    continue
-                try:
-                    text = accept(tok)
-                except Exception:  # our bug must not break the user's stream: pass tokens through
-                    _log.exception("streamjudge: guard failed on a token; passing the stream through")
-                    broken = True
-                    text = tok if isinstance(tok, str) else None
-                    hold = False
-                if text is not None and not hold:
-                    # tuple.__new__ skips NamedTuple's Python-level __new__: this runs per token
-                    yield new_event(StreamEvent, ("token", text, None))
-            if nxt is not None:
-                nxt.cancel()
-                nxt = None
-            if s.stopped:
-                outcome = "stopped"
-            else:
+                        text = accept(tok)
+                    except Exception:  # our bug must not break the user's stream: pass tokens through
+                        _log.exception("streamjudge: guard failed on a token; passing the stream through")
+                        broken = True
+                        text = tok if isinstance(tok, str) else None
+                        hold = False
+                    if text is not None and not hold:
+                        # tuple.__new__ skips NamedTuple's Python-level __new__: this runs per token
+                        yield new_event(StreamEvent, ("token", text, None))
+                if nxt is not None:
+                    nxt.cancel()
+                    nxt = None
+                if s.stopped:
+                    outcome = "stopped"
+                    break
                 s.close_tail()
                 while deferred:  # no next token to wait for: the last checkpoint spans end now
                     deferred.pop()()
                 async for ev in settle(s, waker):
                     yield ev
+                if s.regen_request is not None and not s.stopped:
+                    # the last window failed after the source ended: regenerate from the good prefix
+                    await _aclose(source)
+                    source = _to_async(s.open_regeneration(s.begin_regeneration()))
+                    pending = s._pending
+                    continue
                 if s.stopped:
                     outcome = "stopped"
+                break
             for ev in s.finish(outcome):
                 yield ev
         except (GeneratorExit, asyncio.CancelledError):
@@ -254,41 +262,45 @@ class GuardedStream:
             yield from s.start()
             if s.preflight_blocks:  # the gate may stop the answer before its first token
                 woke.wait(s.settings.preflight_wait_s)
-            while not s.stopped:
-                if s.has_events:
-                    yield from s.drain()
-                    if s.regen_request is not None:
-                        _close_sync(source)
-                        new = s.open_regeneration(s.begin_regeneration())
-                        if not isinstance(new, Iterable):
-                            raise TypeError("regenerate must return a sync iterable for a sync stream")
-                        source = iter(new)
-                        continue
-                    if s.stopped:
-                        break
-                try:
-                    tok = next(source)
-                except StopIteration:
-                    break
-                text = s.accept(tok)
-                if text is not None and not s.hold_back:
-                    yield StreamEvent("token", text)
-            if s.stopped:
-                outcome = "stopped"
-            else:
-                s.close_tail()
-                deadline = time.monotonic() + s.settings.end_wait_s
+            while True:  # one round per token source: the app's, then each regeneration's
                 while not s.stopped:
                     if s.has_events:
                         yield from s.drain()
+                        if s.regen_request is not None:
+                            source = _regenerated(s, source)
+                            continue
+                        if s.stopped:
+                            break
+                    try:
+                        tok = next(source)
+                    except StopIteration:
+                        break
+                    text = s.accept(tok)
+                    if text is not None and not s.hold_back:
+                        yield StreamEvent("token", text)
+                if s.stopped:
+                    outcome = "stopped"
+                    break
+                s.close_tail()
+                deadline = time.monotonic() + s.settings.end_wait_s
+                while not s.stopped and s.regen_request is None:
+                    if s.has_events:
+                        yield from s.drain()
+                        if s.regen_request is not None:
+                            break
                     remaining = deadline - time.monotonic()
                     if not s.outstanding or remaining <= 0:
                         break
                     woke.clear()
                     if not s.has_events:
                         woke.wait(remaining)
+                if s.regen_request is not None and not s.stopped:
+                    # the last window failed after the source ended: regenerate from the good prefix
+                    source = _regenerated(s, source)
+                    continue
                 if s.stopped:
                     outcome = "stopped"
+                break
             yield from s.finish(outcome)
         except GeneratorExit:
             s.abort("disconnected")
@@ -319,6 +331,8 @@ async def settle(
             if session.has_events:
                 for ev in session.drain():
                     yield ev
+            if session.regen_request is not None:
+                break  # the driver regenerates first; the new text gets its own wait
             if not session.outstanding or loop.time() >= deadline:
                 break
             await waker.wait(None, deadline - loop.time())
@@ -328,6 +342,14 @@ async def settle(
     finally:
         if own:
             session.set_notify(None)
+
+
+def _regenerated(s: GuardSession, old: Iterator[Any]) -> Iterator[Any]:
+    _close_sync(old)
+    new = s.open_regeneration(s.begin_regeneration())
+    if not isinstance(new, Iterable):
+        raise TypeError("regenerate must return a sync iterable for a sync stream")
+    return iter(new)
 
 
 def _to_async(source: TokenSource) -> AsyncIterator[Any]:
