@@ -1,4 +1,4 @@
-"""The ``streamjudge`` command: ``replay``, ``calibrate`` and ``demo``.
+"""The ``streamjudge`` command: ``replay``, ``calibrate``, ``cases-from-trace``, ``golden`` and ``demo``.
 
 Exit status: 0 when every expectation held, 1 when one did not (or balanced accuracy is below
 ``--fail-under``), 2 when the input or a setting cannot be used (the message says which and how to fix it).
@@ -263,6 +263,44 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cases_from_trace(args: argparse.Namespace) -> int:
+    from streamjudge.offline.from_trace import TraceFormatError, case_json, cases_from_files
+
+    try:
+        found = list(cases_from_files(args.traces))
+    except FileNotFoundError as exc:
+        raise _Exit(f"{exc.filename}: no such file") from None
+    except (OSError, TraceFormatError) as exc:
+        raise _Exit(str(exc)) from None
+    if args.trace_id:
+        wanted = {t.lower() for t in args.trace_id}
+        found = [e for e in found if e.trace_id in wanted]
+    cases = [e for e in found if e.case is not None]
+    for e in found:
+        if e.case is None:
+            print(f"streamjudge cases-from-trace: trace {e.trace_id} span {e.span_id}: skipped, {e.skipped}",
+                  file=sys.stderr)
+        else:
+            print(f"streamjudge cases-from-trace: {e.case.id}: {len(e.case.contexts)} context(s) from "
+                  f"{e.contexts_from}; expect_alert={json.dumps(e.case.expect_alert)} ({'; '.join(e.notes)})",
+                  file=sys.stderr)
+    if not cases:
+        where = " with the given --trace-id" if args.trace_id else ""
+        raise _Exit(
+            f"no answer span{where} to make a case of in {', '.join(args.traces)} (answer spans have "
+            f"streamjudge.span.type=stream and need the answer text: record with content capture on)"
+        )
+    lines = [json.dumps(case_json(e.case), ensure_ascii=False) for e in cases if e.case is not None]
+    if args.output in (None, "-"):
+        for line in lines:
+            print(line)
+    else:
+        Path(args.output).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        print(f"streamjudge cases-from-trace: wrote {len(lines)} case(s) to {args.output} "
+              f"(streamjudge replay {args.output})", file=sys.stderr)
+    return 0
+
+
 def _demo(argv: list[str]) -> int:
     from streamjudge import demo
 
@@ -287,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``streamjudge`` command."""
     parser = argparse.ArgumentParser(prog="streamjudge", description="Live judging of streamed RAG answers.")
     parser.add_argument("--version", action="version", version=f"streamjudge {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{replay,calibrate,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{replay,calibrate,cases-from-trace,golden,demo}")
 
     def judge_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--judge", default=None,
@@ -318,6 +356,17 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--chart", default=None,
                     help="where to write the PNG chart (default: the CSV's path with .png; needs matplotlib)")
     cp.set_defaults(func=_calibrate)
+
+    tp = sub.add_parser("cases-from-trace",
+                        help="turn recorded traces (OTLP JSON or Jaeger JSON) into replay cases")
+    tp.add_argument("traces", nargs="+", metavar="TRACE.json",
+                    help="OTLP JSON (the collector's file exporter: one export request per line) or Jaeger "
+                         "JSON (/api/traces/ID)")
+    tp.add_argument("-o", "--output", default=None,
+                    help="JSON Lines file for the cases (default: standard output)")
+    tp.add_argument("--trace-id", action="append", default=None, metavar="ID",
+                    help="only this trace (32 hex digits; repeatable)")
+    tp.set_defaults(func=_cases_from_trace)
 
     # options after `demo` belong to the demo (streamjudge demo --help lists them)
     sub.add_parser("demo", add_help=False,
