@@ -333,8 +333,10 @@ def extract(spans: Iterable[TraceSpan]) -> list[Extracted]:
         traces.setdefault(s.trace_id, []).append(s)
     out: list[Extracted] = []
     for trace_id, trace in traces.items():
-        answers = sorted((s for s in trace if s.attributes.get(semconv.SPAN_TYPE) == semconv.SPAN_TYPE_STREAM),
-                         key=lambda s: s.start_ns)
+        answers = sorted(
+            (s for s in trace if s.attributes.get(semconv.SPAN_TYPE) == semconv.SPAN_TYPE_STREAM),
+            key=lambda s: s.start_ns,
+        )
         for span in answers:
             case_id = trace_id if len(answers) == 1 else f"{trace_id}/{span.span_id}"
             out.append(_extract_one(span, trace, case_id))
@@ -373,7 +375,8 @@ def _extract_one(span: TraceSpan, trace: Sequence[TraceSpan], case_id: str) -> E
         if pick is not None:
             source, contexts = pick[1], pick[2]
             if want is not None and len(contexts) != want:
-                notes.append(f"the span says {want} context(s) were judged; found {len(contexts)} in the trace")
+                notes.append(f"the span says {want} context(s) were judged; found {len(contexts)} in the "
+                             "trace")
         elif want:
             notes.append(f"the span says {want} context(s) were judged, none is recorded in the trace")
     expect, why = _expectation(a)
