@@ -23,6 +23,12 @@ requests, in order:
 ``schemaless``                     valid JSON that ignores the requested schema
 Persistent switches: ``reject_json_mode`` (400 on ``response_format``), ``reject_prefill`` (400 on a
 prefilled assistant turn), ``latency_s`` (delay before every model answer).
+
+An application's own model calls: :meth:`ScriptedLLMServer.reply` queues canned answers, used (in order)
+by the next chat completions instead of the judge heuristic. ``"stream": true`` in a chat completion
+request is answered as OpenAI streams: ``text/event-stream`` of ``chat.completion.chunk`` objects, one
+word (with its leading space) per chunk, a final chunk with ``finish_reason``, a usage chunk when
+``stream_options.include_usage`` is set, then ``data: [DONE]``; ``stream_delay_s`` spaces the chunks.
 """
 
 from __future__ import annotations
@@ -334,7 +340,13 @@ class _Handler(BaseHTTPRequestHandler):
                                        "type": "invalid_request_error", "param": "response_format"}})
             return
         text = "\n".join(_text(m.get("content")) for m in body.get("messages", []))
-        content = self._content(text, fault)
+        with owner.lock:
+            canned = owner.replies.popleft() if owner.replies else None
+        content = canned if canned is not None else self._content(text, fault)
+        if body.get("stream"):
+            out = content if isinstance(content, str) else json.dumps(content)
+            self._stream_chat(body, out, _tokens(text))
+            return
         tools = body.get("tools")
         message: dict[str, Any] = {"role": "assistant"}
         finish = "stop"
@@ -354,6 +366,41 @@ class _Handler(BaseHTTPRequestHandler):
             "usage": {"prompt_tokens": _tokens(text), "completion_tokens": _tokens(out_text),
                       "total_tokens": _tokens(text) + _tokens(out_text)},
         })
+
+    def _stream_chat(self, body: dict[str, Any], text: str, prompt_tokens: int) -> None:
+        owner = self.server.owner
+        model = body.get("model", "scripted")
+        created = int(time.time())
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+            obj = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": created,
+                   "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+            return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+        frames = [chunk({"role": "assistant", "content": ""})]
+        frames += [chunk({"content": w}) for w in re.findall(r"\s*\S+", text)]
+        frames.append(chunk({}, "stop"))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": _tokens(text),
+                     "total_tokens": prompt_tokens + _tokens(text)}
+            obj = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": created,
+                   "model": model, "choices": [], "usage": usage}
+            frames.append(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        frames.append(b"data: [DONE]\n\n")
+        try:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("cache-control", "no-cache")
+            self.send_header("connection", "close")
+            self.end_headers()
+            for frame in frames:
+                self.wfile.write(frame)
+                self.wfile.flush()
+                if owner.stream_delay_s:
+                    time.sleep(owner.stream_delay_s)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
 
     def _messages(self, body: dict[str, Any], fault: str | None) -> None:
         owner = self.server.owner
@@ -446,6 +493,8 @@ class ScriptedLLMServer:
         self.reject_json_mode = False
         self.reject_prefill = False
         self.latency_s = 0.0
+        self.replies: collections.deque[str] = collections.deque()
+        self.stream_delay_s = 0.0
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -467,6 +516,11 @@ class ScriptedLLMServer:
         with self.lock:
             self.faults.extend(faults)
 
+    def reply(self, *texts: str) -> None:
+        """Queue canned answers for the next chat completions (an application's model calls)."""
+        with self.lock:
+            self.replies.extend(texts)
+
     def model_requests(self, suffix: str = "") -> list[dict[str, Any]]:
         with self.lock:
             return [r for r in self.requests if r["path"].endswith(suffix)]
@@ -476,6 +530,8 @@ class ScriptedLLMServer:
             self.requests.clear()
             self.faults.clear()
             self.brain.tasks.clear()
+            self.replies.clear()
+        self.stream_delay_s = 0.0
         self.reject_json_mode = self.reject_prefill = False
         self.latency_s = 0.0
 
