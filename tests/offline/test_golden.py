@@ -15,7 +15,8 @@ from streamjudge.offline import golden
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = f"{ROOT / 'examples' / 'adaptive_rag' / 'rag.py'}:build_graph"
-GOLDEN = ROOT / "tests" / "data" / "golden_adaptive_rag.jsonl"
+# a JSON array (the sdist carries tests/*.json); JSON Lines is read the same way (see below)
+GOLDEN = ROOT / "tests" / "data" / "golden_adaptive_rag.json"
 
 sys.path.insert(0, str(ROOT / "examples" / "adaptive_rag"))
 import rag  # noqa: E402
@@ -33,7 +34,7 @@ def test_items_run_through_the_apps_graph_and_are_scored_against_the_reference(t
     captured = capsys.readouterr()
     assert "\r" not in captured.err  # no progress bar when stderr is not a terminal
     items = {i["id"]: i for i in doc["items"]}
-    assert list(items) == [json.loads(line)["id"] for line in GOLDEN.read_text().splitlines()]
+    assert list(items) == [i["id"] for i in json.loads(GOLDEN.read_text())]
 
     # the answer is the graph's own, the contexts what its grader kept (what the live judge sees)
     graph = rag.build_graph()
@@ -145,4 +146,10 @@ def test_cli_errors_exit_2_with_what_to_fix(tmp_path: Path, capsys) -> None:  # 
     assert cli.main(["golden", str(GOLDEN)]) == 2
     assert "--app module:build_graph" in capsys.readouterr().err
     assert cli.main(["golden", "--compare", str(GOLDEN), str(GOLDEN)]) == 2
-    assert "not valid JSON" in capsys.readouterr().err
+    assert "not a golden run" in capsys.readouterr().err
+
+
+def test_json_lines_and_the_reference_aliases(tmp_path: Path) -> None:
+    p = tmp_path / "g.jsonl"
+    p.write_text('{"question": "q1", "expected_answer": "a1", "tag": "t"}\n\n{"question": "q2", "ground_truth": "a2"}\n')
+    assert golden.load_golden(p) == [golden.GoldenItem("1", "q1", "a1", "t"), golden.GoldenItem("2", "q2", "a2")]
