@@ -744,3 +744,17 @@ if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
     with open(GOLDEN, "w", encoding="utf-8") as f:
         json.dump(_golden_digests(), f, indent=1, sort_keys=True)
         f.write("\n")
+
+
+def test_a_chain_of_pronoun_sentences_still_refers_to_the_named_subject() -> None:
+    # "It is in Paris." after "It was completed in 1889..." is about the tower of the first sentence: the
+    # context's sentence naming Paris names the tower, so the grounded sentence is not underlined
+    contexts = ("The Eiffel Tower in Paris is 330 metres tall. It was completed in 1889 for the World's Fair.",)
+    prefix = "The Eiffel Tower is 330 metres tall. It was completed in 1889 for the World's Fair."
+    judge = LocalJudge()
+    ok = judge.evaluate_sync(EvalInput("q", contexts, " It is in Paris.", "checkpoint", prefix=prefix), [F])
+    assert ok.scores[0].value == 1.0, ok.scores[0].explanation
+    whole = judge.evaluate_sync(EvalInput("q", contexts, prefix + " It is in Paris."), [F])
+    assert whole.scores[0].value == 1.0, whole.scores[0].explanation
+    bad = judge.evaluate_sync(EvalInput("q", contexts, " It is in Lyon.", "checkpoint", prefix=prefix), [F])
+    assert bad.scores[0].value == 0.0

@@ -3,6 +3,7 @@ OpenAI-compatible server on loopback) through guard(), run as its own process.""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -105,6 +106,12 @@ def _stop(app: App) -> None:
             app.proc.wait()
 
 
+def _replies(llm: ScriptedLLMServer, *texts: str) -> None:
+    """The app's next chat completions answer ``texts``, in order (the scripted server's app model)."""
+    queue = collections.deque(texts)
+    llm.app_responder = lambda _body: {"content": queue.popleft()} if queue else None
+
+
 @pytest.fixture
 def llm() -> Iterator[ScriptedLLMServer]:
     with ScriptedLLMServer() as server:
@@ -112,7 +119,7 @@ def llm() -> Iterator[ScriptedLLMServer]:
 
 
 def test_grounded_and_hallucinating_answers_stream_through_the_guard(tmp_path: Path, llm: ScriptedLLMServer) -> None:
-    llm.reply(GROUNDED, HALLUCINATED)
+    _replies(llm, GROUNDED, HALLUCINATED)
     with OTLPFileReceiver(tmp_path / "traces.jsonl") as rx:
         app = _start(tmp_path, llm, rx.traces_endpoint, "flag")
         try:
@@ -161,9 +168,9 @@ def test_regenerate_re_prompts_the_model_with_the_accepted_prefix(tmp_path: Path
     continuation = " It was built between 1887 and 1889 for the 1889 World's Fair."
     # the failing checkpoint closes mid-answer (when the third sentence starts): its verdict arrives while
     # the rest still streams
-    llm.reply(HALLUCINATED + " Every year about 94 million visitors arrive there by submarine from Lisbon."
+    _replies(llm, HALLUCINATED + " Every year about 94 million visitors arrive there by submarine from Lisbon."
               " Tickets are sold at the foot of each of its four pillars.", continuation)
-    llm.stream_delay_s = 0.01  # the verdict arrives while the answer is still streaming
+    llm.token_delay_s = 0.01  # the verdict arrives while the answer is still streaming
     with OTLPFileReceiver(tmp_path / "traces.jsonl") as rx:
         app = _start(tmp_path, llm, rx.traces_endpoint, "regenerate")
         try:
@@ -184,7 +191,7 @@ def test_regenerate_re_prompts_the_model_with_the_accepted_prefix(tmp_path: Path
 
 
 def test_under_opentelemetry_instrument_each_answer_is_judged_once(tmp_path: Path, llm: ScriptedLLMServer) -> None:
-    llm.reply(HALLUCINATED)
+    _replies(llm, HALLUCINATED)
     question = "When was the Eiffel Tower built and what colour was it?"
     with OTLPFileReceiver(tmp_path / "traces.jsonl") as rx:
         app = _start(tmp_path, llm, rx.traces_endpoint, "flag", zero_code=True)

@@ -90,6 +90,12 @@ def test_metrics_scores_alerts_latency_queue_depth_drops() -> None:
         names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
         assert {semconv.METRIC_SCORE, semconv.METRIC_ALERTS, semconv.METRIC_JUDGE_DURATION,
                 semconv.METRIC_QUEUE_DEPTH, semconv.METRIC_QUEUE_CAPACITY} <= names
+        # one vocabulary: the span type as on the spans, and what was judged
+        labels = {(p.attributes[semconv.SPAN_TYPE], p.attributes[semconv.EVAL_KIND])
+                  for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+                  if m.name == semconv.METRIC_SCORE for p in m.data.data_points}
+        assert labels <= {("checkpoint", "checkpoint"), ("stream", "answer"), ("stream", "preflight")}
+        assert ("stream", "answer") in labels
     finally:
         rt.shutdown()
 

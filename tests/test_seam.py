@@ -281,7 +281,7 @@ def test_configure_twice_keeps_judging_and_exporting() -> None:
         second.shutdown()
 
 
-def test_an_unsampled_trace_is_judged_live_but_holds_no_span(harness: Harness) -> None:
+def test_a_trace_the_tracing_sampler_dropped_is_not_judged_and_never_waits(harness: Harness) -> None:
     rt = harness.configure(SentenceJudge(), preflight=False)
     parent = trace.set_span_in_context(NonRecordingSpan(SpanContext(0xABC, 0xDEF, is_remote=True,
                                                                     trace_flags=TraceFlags(0))))
@@ -296,9 +296,12 @@ def test_an_unsampled_trace_is_judged_live_but_holds_no_span(harness: Harness) -
         service = rt.service
 
     Backend.tracer = tracer  # type: ignore[attr-defined]
+    judge = rt.judge_for("checkpoint")
+    assert isinstance(judge, SentenceJudge)
     events = _consume(streamjudge.guard(_words(answer), question="sky", contexts=CONTEXTS, context=parent,
                                         runtime=Backend()))  # type: ignore[arg-type]
-    assert warnings(events), "the reader is protected whatever the tracing sample"
+    assert answer_text(events).strip() == answer and events[-1].type == "done"
+    assert judge.items == [], "sampling is decided once at the start: a dropped trace is not judged"
     assert rt.processor.held == 0
 
 
@@ -410,3 +413,35 @@ def test_a_sampled_out_stream_splits_no_sentences_and_holds_nothing_back(harness
     (stream,) = [s for s in spans if s.name == semconv.SPAN_STREAM]
     assert stream.attributes[semconv.EVAL_STATUS] == "sampled_out"
     assert stream.attributes[semconv.STREAM_ANSWER].strip() == answer
+
+
+class _Raises:
+    name = "raises"
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        raise RuntimeError("judge down")
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_failed_evaluation_still_emits_its_result_event_with_an_error_type(harness: Harness) -> None:
+    harness.configure(_Raises(), preflight=False, max_retries=0)
+    _consume(streamjudge.guard(_words("The sky is blue."), question="sky", contexts=CONTEXTS))
+    (stream,) = [s for s in harness.spans() if s.name == semconv.SPAN_STREAM]
+    assert stream.attributes[semconv.EVAL_STATUS] == "error"
+    events = [e for e in stream.events if e.name == semconv.EVENT_EVALUATION_RESULT]
+    assert {e.attributes[semconv.GEN_AI_EVALUATION_NAME] for e in events} == set(Settings().final_metrics)
+    assert {e.attributes[semconv.ERROR_TYPE] for e in events} == {"error"}
+
+
+def test_streamjudge_spans_carry_openinference_kinds_and_input_output(harness: Harness) -> None:
+    harness.configure(SentenceJudge(), preflight=False)
+    _consume(streamjudge.guard(_words("The sky is blue."), question="What colour is the sky?", contexts=CONTEXTS))
+    spans = harness.spans()
+    (stream,) = [s for s in spans if s.name == semconv.SPAN_STREAM]
+    assert stream.attributes[semconv.OPENINFERENCE_SPAN_KIND] == "CHAIN"
+    assert stream.attributes[semconv.INPUT_VALUE] == "What colour is the sky?"
+    assert stream.attributes[semconv.OUTPUT_VALUE].strip() == "The sky is blue."
+    cps = [s for s in spans if s.name == semconv.SPAN_CHECKPOINT]
+    assert cps and {c.attributes[semconv.OPENINFERENCE_SPAN_KIND] for c in cps} == {"GUARDRAIL"}

@@ -6,6 +6,9 @@ Run it bare, under zero-code instrumentation, or with the one-line setup::
     opentelemetry-instrument python examples/adaptive_rag/app.py     # zero code
     python examples/adaptive_rag/app.py --instrument-app             # streamjudge.instrument_app(app)
 
+The page underlines flagged sentences from the guard's client events: switch them on with
+``STREAMJUDGE_CLIENT_EVENTS=on`` (by default the client receives exactly the app's bytes).
+
 Endpoints: ``GET /chat?q=...&hallucinate=1`` (sse-starlette ``EventSourceResponse``), ``GET /chat/raw``
 (the same frames through ``StreamingResponse``), ``WS /ws`` (JSON messages) and ``GET /`` (a page that
 shows the answer and underlines sentences streamjudge flags).

@@ -157,6 +157,8 @@ def app_env(action: str, port: int, traces_endpoint: str, token_delay_ms: float)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     env.update({
         "OTEL_SERVICE_NAME": "streamjudge-demo-app",
+        # the demo shows the product's frames; an app's own clients get them only when asked for
+        "STREAMJUDGE_CLIENT_EVENTS": "on",
         "OTEL_TRACES_EXPORTER": "otlp",
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces_endpoint,
@@ -374,9 +376,15 @@ def summarise(spans: Sequence[ReceivedSpan], got: Streamed) -> list[str]:
         lines.append(f"    checkpoint {c.get(semconv.CHECKPOINT_INDEX)}: chars {start}-{end}, "
                      f"{c.get(semconv.CHECKPOINT_SENTENCES)} sentence(s), {score}")
         if label == "fail":
-            text = str(c.get(semconv.CHECKPOINT_TEXT, ""))
+            text = str(c.get(semconv.CHECKPOINT_TEXT, ""))  # the checkpoint's own new sentences
             if text:
-                lines.append(f"      new text: {_cut(text[start:end], 220)!r}")
+                lines.append(f"      new text: {_cut(text.strip(), 220)!r}")
+            ranges = c.get(semconv.sentences_attribute(semconv.FAITHFULNESS, "ranges"))
+            if ranges and text:
+                # the failing sentences, in the answer's coordinates; the checkpoint's text starts at `start`
+                bounds = list(ranges)
+                for lo, hi in zip(bounds[::2], bounds[1::2], strict=False):
+                    lines.append(f"      failing sentence: {_cut(text[lo - start : hi - start], 220)!r}")
             for ev in cp.events:
                 if (ev.name == semconv.EVENT_EVALUATION_RESULT
                         and ev.attributes.get(semconv.GEN_AI_EVALUATION_SCORE_LABEL) == "fail"):

@@ -1,4 +1,4 @@
-"""The ``streamjudge`` command: ``replay``, ``calibrate``, ``cases-from-trace``, ``golden`` and ``demo``.
+"""The ``streamjudge`` command: replay, calibrate, cases-from-trace, golden, demo and worker.
 
 Exit status: 0 when every expectation held, 1 when one did not (or balanced accuracy is below
 ``--fail-under``), 2 when the input or a setting cannot be used (the message says which and how to fix it).
@@ -434,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamjudge", description="Live judging of streamed RAG answers.")
     parser.add_argument("--version", action="version", version=f"streamjudge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{replay,calibrate,cases-from-trace,golden,demo}")
+                                metavar="{replay,calibrate,cases-from-trace,golden,demo,worker}")
 
     def judge_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--judge", default=None,
@@ -508,6 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("demo", add_help=False,
                    help="serve the example RAG app under opentelemetry-instrument and stream questions at it "
                         "(--offline: the in-process demo)")
+
+    from streamjudge.worker import _cli as worker_cli  # light: the worker itself is imported on run
+
+    wp = sub.add_parser("worker", help="judge deferred final passes of spans received over OTLP")
+    worker_cli.add_arguments(wp)
+    wp.set_defaults(func=worker_cli.run)
     return parser
 
 

@@ -41,6 +41,11 @@ DEFAULT_REGENERATE_INSTRUCTION = (
 #: whole data), ``type:NAME`` (the ``type`` field of a JSON line or WebSocket message)
 DEFAULT_TERMINAL_FRAMES: tuple[str, ...] = ("event:done", "event:end", "data:[DONE]", "type:done")
 TERMINAL_FRAME_KINDS: tuple[str, ...] = ("event", "data", "type")
+#: request paths never judged by default: probes, metrics, docs
+DEFAULT_ROUTES_EXCLUDE: tuple[str, ...] = (
+    "/metrics", "/metrics/*", "/health", "/healthz", "/health/*", "/livez", "/readyz", "/ready", "/live",
+    "/docs", "/docs/*", "/redoc", "/openapi.json", "/favicon.ico",
+)
 
 
 #: judges built in (``package.module:ClassName`` names any other)
@@ -174,6 +179,12 @@ class Settings:
     sse_token_field: str | None = None  # JSON path (dot separated) of the token in SSE data payloads
     # the app's frames that end an answer, held back until the guard's last events are sent
     terminal_frames: tuple[str, ...] = DEFAULT_TERMINAL_FRAMES
+    # zero-code: the guard's warning / retract / stop events sent to the client in the app's own frame
+    # format. Off by default: the client receives exactly the app's bytes
+    client_events: bool = False
+    # which request paths may carry a judged answer (fnmatch patterns; empty include = every path)
+    routes_include: tuple[str, ...] = ()
+    routes_exclude: tuple[str, ...] = DEFAULT_ROUTES_EXCLUDE
     # judge LLMs (final pass, and a cheaper one for checkpoints that falls back to it)
     eval_llm: JudgeLLMSettings = field(default_factory=JudgeLLMSettings)
     checkpoint_llm: JudgeLLMSettings = field(default_factory=JudgeLLMSettings)
@@ -373,6 +384,9 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "model_threads": ("MODEL_THREADS", _int),
     "model_max_length": ("MODEL_MAX_LENGTH", _int),
     "model_queue_size": ("MODEL_QUEUE_SIZE", _int),
+    "client_events": ("CLIENT_EVENTS", _bool),
+    "routes_include": ("ROUTES_INCLUDE", "csv"),
+    "routes_exclude": ("ROUTES_EXCLUDE", _terminal_frames),
 }
 
 

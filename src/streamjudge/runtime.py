@@ -248,24 +248,6 @@ def _add_exporters(
             _add_span_processor(provider, BatchSpanProcessor(exp))
 
 
-def _pool(settings: Settings, meter_provider: metrics.MeterProvider | None) -> JudgePool:
-    return JudgePool(
-        concurrency=settings.concurrency,
-        queue_size=settings.queue_size,
-        timeout_s=settings.judge_timeout_s,
-        max_retries=settings.max_retries,
-        backoff_s=settings.retry_backoff_s,
-        sample_rate=settings.sample_rate,
-        per_stream_budget=settings.per_stream_budget,
-        global_budget_per_minute=settings.global_budget_per_minute,
-        max_queue_wait_s=settings.hold_timeout_s,
-        max_queue_bytes=settings.max_queue_chars,
-        cpu_share=settings.judge_cpu_share,
-        linger_s=settings.judge_linger_s,
-        meter_provider=meter_provider,
-    )
-
-
 def configure(
     settings: Settings | None = None,
     *,
@@ -348,7 +330,7 @@ def configure(
         settings,
         tracer_provider=tracer_provider,
         processor=processor,
-        pool=_pool(settings, meter_provider),
+        pool=JudgePool.from_settings(settings, meter_provider),
         contexts=default_store(),
         owns_provider=owns_provider,
         meter_provider=owned_meter,

@@ -25,6 +25,8 @@ SPAN_TYPE_NODE: Final = "node"
 # --- stream span ---------------------------------------------------------------------------------
 STREAM_ID: Final = "streamjudge.stream.id"
 STREAM_TTFT_MS: Final = "streamjudge.stream.time_to_first_token_ms"
+# time to first token counted from the request's start (STREAM_TTFT_MS counts from the answer node's)
+STREAM_TTFT_REQUEST_MS: Final = "streamjudge.stream.time_to_first_token_from_request_ms"
 STREAM_TOKENS: Final = "streamjudge.stream.tokens"
 STREAM_CHARS: Final = "streamjudge.stream.chars"
 STREAM_CHECKPOINTS: Final = "streamjudge.stream.checkpoints"
@@ -58,6 +60,8 @@ CHECKPOINT_TEXT_SHA256: Final = "streamjudge.checkpoint.text.sha256"
 CHECKPOINT_FINAL: Final = "streamjudge.checkpoint.final"
 
 # --- evaluation results (attributes on the judged span, or on the EVALUATOR span) -----------------
+#: what was judged: ``checkpoint`` (new sentences), ``answer`` (the final pass), ``preflight`` (contexts)
+EVAL_KIND: Final = "streamjudge.eval.kind"
 EVAL_STATUS: Final = "streamjudge.eval.status"  # judged / dropped / timeout / error / sampled_out / ...
 EVAL_SKIP_REASON: Final = "streamjudge.eval.skip_reason"
 EVAL_JUDGE: Final = "streamjudge.eval.judge"
@@ -101,6 +105,15 @@ GEN_AI_EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"
 GEN_AI_EVALUATION_EXPLANATION: Final = "gen_ai.evaluation.explanation"
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
 ERROR_TYPE: Final = "error.type"
+
+# OpenInference's span kinds and input/output, so Phoenix (and other OpenInference viewers) render
+# streamjudge's own spans: the stream is a CHAIN, a checkpoint a GUARDRAIL, an evaluation an EVALUATOR
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+OPENINFERENCE_KIND_CHAIN: Final = "CHAIN"
+OPENINFERENCE_KIND_GUARDRAIL: Final = "GUARDRAIL"
+OPENINFERENCE_KIND_EVALUATOR: Final = "EVALUATOR"
+INPUT_VALUE: Final = "input.value"
+OUTPUT_VALUE: Final = "output.value"
 
 # --- other events on the stream span -------------------------------------------------------------
 EVENT_FIRST_TOKEN: Final = "streamjudge.first_token"
@@ -149,6 +162,18 @@ CONTEXT_RECALL: Final = "context_recall"
 
 # --- instrumentation scope -----------------------------------------------------------------------
 TRACER_NAME: Final = "streamjudge"
+
+# --- `streamjudge worker` (deferred final pass behind the collector's load_balancing exporter) -----
+METRIC_WORKER_SPANS_RECEIVED: Final = "streamjudge.worker.spans.received"
+# re-sent by a collector retry: recognised by its ids, not exported again
+METRIC_WORKER_SPANS_DUPLICATE: Final = "streamjudge.worker.spans.duplicate"
+# non-answer spans exported, by why they left the trace buffer (judged, complete, evicted_*, ...)
+METRIC_WORKER_SPANS_RELEASED: Final = "streamjudge.worker.spans.released"
+METRIC_WORKER_ANSWERS: Final = "streamjudge.worker.answers"  # deferred answers by outcome status
+METRIC_WORKER_BUFFER_TRACES: Final = "streamjudge.worker.buffer.traces"
+METRIC_WORKER_BUFFER_SPANS: Final = "streamjudge.worker.buffer.spans"
+METRIC_WORKER_BUFFER_BYTES: Final = "streamjudge.worker.buffer.bytes"
+METRIC_ATTR_STATUS: Final = "status"
 
 # --- export failures (span exporters streamjudge creates or takes over) ----------------------------
 METRIC_EXPORT_FAILURES: Final = "streamjudge.export.failures"  # spans an exporter failed to deliver

@@ -262,11 +262,14 @@ def test_openai_style_data_done_comes_after_the_warning(served: tuple[Served, Ha
     server, _ = served
     frames = _sse_frames(server.url + "/openai", answer="invented", shape=shape)
     assert frames[-1] == ("message", "[DONE]")
-    kinds = [e for e, _ in frames]
+    # the app's frames are data-only, so the warning is one too: ``data: {"type": "warning", ...}``
+    assert all(e == "message" for e, _ in frames)
+    kinds = [json.loads(d).get("type", "token") if d.startswith("{") else d for _, d in frames]
     assert "warning" in kinds
+    tokens = [(e, d) for (e, d), k in zip(frames, kinds, strict=True) if k == "token"]
     # every token precedes the warning about it; nothing was cut or merged
-    assert _answer_of_sse(frames) == INVENTED
-    assert kinds.index("warning") > max(i for i, (e, d) in enumerate(frames) if e == "message" and d != "[DONE]")
+    assert _answer_of_sse(tokens) == INVENTED
+    assert kinds.index("warning") > max(i for i, k in enumerate(kinds) if k == "token")
 
 
 def test_ndjson_warning_line_precedes_the_done_line(served: tuple[Served, Harness]) -> None:
@@ -374,11 +377,12 @@ def test_terminal_frames_are_configurable(harness: Harness) -> None:
 
     def order(terminal_frames: tuple[str, ...]) -> list[str]:
         app = Starlette(routes=[Route("/sse", sse)],
-                        middleware=[Middleware(StreamJudgeMiddleware, terminal_frames=terminal_frames)])
+                        middleware=[Middleware(StreamJudgeMiddleware, terminal_frames=terminal_frames,
+                                               client_events=True)])
         with TestClient(app) as client:
             body = client.get("/sse", params={"answer": "invented"}).text
         return [line[6:].strip() for line in body.splitlines() if line.startswith("event:")]
 
-    assert order(("event:done",))[-2:] == ["warning", "done"]
+    assert order(("event:done",))[-2:] == ["warning", "done"]  # client events on (asked for in code)
     # nothing held back: the warning can only follow the app's done frame (what the option turns off)
     assert order(())[-2:] == ["done", "warning"]

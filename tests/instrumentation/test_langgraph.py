@@ -28,9 +28,15 @@ def _run(graph: object, question: str, hallucinate: bool = False) -> str:
 
 
 def test_node_spans_contexts_and_answer_stream(harness) -> None:  # type: ignore[no-untyped-def]
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langgraph.pregel import Pregel
+
     rt = harness.configure(end_wait_s=0.5)
     original_init = vars(cb.BaseCallbackManager)["__init__"]
     original_start = vars(OpenInferenceTracer)["_start_trace"]
+    originals = {(cls, name): vars(cls)[name] for cls, name in (
+        (Pregel, "ainvoke"), (Pregel, "astream"), (BaseChatModel, "_agenerate_with_cache"),
+        (rag.OfflineChatModel, "_astream"))}
     inst = StreamJudgeInstrumentor()
     inst.instrument()
     try:
@@ -57,6 +63,8 @@ def test_node_spans_contexts_and_answer_stream(harness) -> None:  # type: ignore
         inst.uninstrument()
     assert vars(cb.BaseCallbackManager)["__init__"] is original_init
     assert vars(OpenInferenceTracer)["_start_trace"] is original_start
+    # the model tap (wrapped lazily on the model's class) and the graph's root span are gone too
+    assert {key: vars(key[0])[key[1]] for key in originals} == originals
     # after uninstrument nothing of ours runs any more
     harness.exporter.clear()
     _run(rag.build_graph(), "How tall is the Eiffel Tower?")

@@ -49,6 +49,7 @@ def _start(mode: str, receiver: OTLPReceiver, port: int) -> subprocess.Popen[str
         "EXAMPLE_PORT": str(port),
         "EXAMPLE_TOKEN_DELAY_MS": "5",
         "STREAMJUDGE_JUDGE": "local",
+        "STREAMJUDGE_CLIENT_EVENTS": "on",  # these tests read the warnings the client receives
     }
     cmd = [str(BIN / "python"), str(APP)]
     if mode == "zero-code":

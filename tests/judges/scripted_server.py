@@ -24,11 +24,12 @@ requests, in order:
 Persistent switches: ``reject_json_mode`` (400 on ``response_format``), ``reject_prefill`` (400 on a
 prefilled assistant turn), ``latency_s`` (delay before every model answer).
 
-An application's own model calls: :meth:`ScriptedLLMServer.reply` queues canned answers, used (in order)
-by the next chat completions instead of the judge heuristic. ``"stream": true`` in a chat completion
-request is answered as OpenAI streams: ``text/event-stream`` of ``chat.completion.chunk`` objects, one
-word (with its leading space) per chunk, a final chunk with ``finish_reason``, a usage chunk when
-``stream_options.include_usage`` is set, then ``data: [DONE]``; ``stream_delay_s`` spaces the chunks.
+An application's model: :attr:`ScriptedLLMServer.app_responder` (``body -> spec | None``) answers chat
+completions it recognises instead of the judge brain. A spec is ``{"content": text}``, ``{"tool_call":
+{"name": ..., "arguments": {...}}}`` or ``{"json": obj}`` (structured output: the JSON as content, as
+OpenAI's ``json_schema`` response format returns it). With ``"stream": true`` the answer is streamed as
+chat-completion chunks (word tokens, ``first_token_delay_s`` before the first one and ``token_delay_s``
+between the others; tool-call arguments in pieces; a usage chunk when asked; ``data: [DONE]``).
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ import math
 import re
 import socket
 import struct
+import sys
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -335,18 +338,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chat(self, body: dict[str, Any], fault: str | None) -> None:
         owner = self.server.owner
+        responder = owner.app_responder
+        spec = responder(body) if responder is not None else None
+        if spec is not None:
+            self._app_reply(body, spec)
+            return
         if owner.reject_json_mode and "response_format" in body:
             self._send(400, {"error": {"message": "response_format is not supported by this model",
                                        "type": "invalid_request_error", "param": "response_format"}})
             return
         text = "\n".join(_text(m.get("content")) for m in body.get("messages", []))
-        with owner.lock:
-            canned = owner.replies.popleft() if owner.replies else None
-        content = canned if canned is not None else self._content(text, fault)
-        if body.get("stream"):
-            out = content if isinstance(content, str) else json.dumps(content)
-            self._stream_chat(body, out, _tokens(text))
-            return
+        content = self._content(text, fault)
         tools = body.get("tools")
         message: dict[str, Any] = {"role": "assistant"}
         finish = "stop"
@@ -367,40 +369,71 @@ class _Handler(BaseHTTPRequestHandler):
                       "total_tokens": _tokens(text) + _tokens(out_text)},
         })
 
-    def _stream_chat(self, body: dict[str, Any], text: str, prompt_tokens: int) -> None:
+    def _app_reply(self, body: dict[str, Any], spec: dict[str, Any]) -> None:
         owner = self.server.owner
+        tool = spec.get("tool_call")
+        content = json.dumps(spec["json"]) if "json" in spec else spec.get("content")
         model = body.get("model", "scripted")
         created = int(time.time())
+        if not body.get("stream"):
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            finish = "stop"
+            if tool is not None:
+                message = {"role": "assistant", "content": None, "tool_calls": [{
+                    "id": "call_1", "type": "function",
+                    "function": {"name": tool["name"], "arguments": json.dumps(tool["arguments"])}}]}
+                finish = "tool_calls"
+            # a model takes as long to write a whole answer as to stream it
+            n = len(str(content or "").split(" ")) if tool is None else 1
+            time.sleep(owner.first_token_delay_s + owner.token_delay_s * (n - 1))
+            self._send(200, {"id": "chatcmpl-app", "object": "chat.completion", "created": created,
+                             "model": model, "choices": [{"index": 0, "message": message,
+                                                          "finish_reason": finish}],
+                             "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}})
+            return
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-            obj = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": created,
-                   "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
-            return b"data: " + json.dumps(obj).encode() + b"\n\n"
+            payload = {"id": "chatcmpl-app", "object": "chat.completion.chunk", "created": created,
+                       "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                       **extra}
+            return f"data: {json.dumps(payload)}\n\n".encode()
 
-        frames = [chunk({"role": "assistant", "content": ""})]
-        frames += [chunk({"content": w}) for w in re.findall(r"\s*\S+", text)]
-        frames.append(chunk({}, "stop"))
-        if (body.get("stream_options") or {}).get("include_usage"):
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": _tokens(text),
-                     "total_tokens": prompt_tokens + _tokens(text)}
-            obj = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": created,
-                   "model": model, "choices": [], "usage": usage}
-            frames.append(b"data: " + json.dumps(obj).encode() + b"\n\n")
-        frames.append(b"data: [DONE]\n\n")
         try:
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
-            self.send_header("cache-control", "no-cache")
-            self.send_header("connection", "close")
+            self.send_header("transfer-encoding", "chunked")
             self.end_headers()
-            for frame in frames:
-                self.wfile.write(frame)
+
+            def write(data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
-                if owner.stream_delay_s:
-                    time.sleep(owner.stream_delay_s)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        self.close_connection = True
+
+            write(chunk({"role": "assistant", "content": ""}))
+            time.sleep(owner.first_token_delay_s)
+            if tool is not None:
+                args = json.dumps(tool["arguments"])
+                write(chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                             "function": {"name": tool["name"], "arguments": ""}}]}))
+                for i in range(0, len(args), 8):
+                    write(chunk({"tool_calls": [{"index": 0, "function": {"arguments": args[i:i + 8]}}]}))
+                write(chunk({}, "tool_calls"))
+            else:
+                words_ = str(content or "").split(" ")
+                for i, w in enumerate(words_):
+                    if i:
+                        time.sleep(owner.token_delay_s)
+                    write(chunk({"content": w if i == 0 else " " + w}))
+                write(chunk({}, "stop"))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                usage = {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}
+                payload = {"id": "chatcmpl-app", "object": "chat.completion.chunk", "created": created,
+                           "model": model, "choices": [], "usage": usage}
+                write(f"data: {json.dumps(payload)}\n\n".encode())
+            write(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):  # the app closed the model's stream (a stop)
+            self.close_connection = True
 
     def _messages(self, body: dict[str, Any], fault: str | None) -> None:
         owner = self.server.owner
@@ -480,6 +513,11 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 256  # concurrency tests open many connections at once
     owner: ScriptedLLMServer
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client process that exits with keep-alive connections open resets them: not an error here
+        if not isinstance(sys.exc_info()[1], ConnectionResetError):
+            super().handle_error(request, client_address)
+
 
 class ScriptedLLMServer:
     """Start with :meth:`start` (or as a context manager); always :meth:`stop`."""
@@ -493,8 +531,10 @@ class ScriptedLLMServer:
         self.reject_json_mode = False
         self.reject_prefill = False
         self.latency_s = 0.0
-        self.replies: collections.deque[str] = collections.deque()
-        self.stream_delay_s = 0.0
+        #: an application's model (see the module docstring); None: every request goes to the brain
+        self.app_responder: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
+        self.first_token_delay_s = 0.0
+        self.token_delay_s = 0.0
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -516,11 +556,6 @@ class ScriptedLLMServer:
         with self.lock:
             self.faults.extend(faults)
 
-    def reply(self, *texts: str) -> None:
-        """Queue canned answers for the next chat completions (an application's model calls)."""
-        with self.lock:
-            self.replies.extend(texts)
-
     def model_requests(self, suffix: str = "") -> list[dict[str, Any]]:
         with self.lock:
             return [r for r in self.requests if r["path"].endswith(suffix)]
@@ -530,8 +565,6 @@ class ScriptedLLMServer:
             self.requests.clear()
             self.faults.clear()
             self.brain.tasks.clear()
-            self.replies.clear()
-        self.stream_delay_s = 0.0
         self.reject_json_mode = self.reject_prefill = False
         self.latency_s = 0.0
 

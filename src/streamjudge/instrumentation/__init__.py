@@ -119,17 +119,45 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             contexts=lambda: rt.contexts,
             tracer=tracer,
             node_span_lookup=node_span_lookup,
+            root_tracer=rt.tracer_provider.get_tracer(semconv.TRACER_NAME, __version__),
         )
         import langchain_core.callbacks as cb
 
         wrap_function_wrapper(cb.BaseCallbackManager, "__init__",
-                              _langgraph.CallbackManagerInitWrapper(self._handler))
+                              _langgraph.CallbackManagerInitWrapper(self._handler, oi_tracer_cls))
         self._patched.append((cb.BaseCallbackManager, "__init__"))
+        pregel: Any = None
+        try:
+            from langgraph.pregel import Pregel
+
+            pregel = Pregel
+        except ImportError:  # LangChain without LangGraph
+            pass
+        if pregel is not None:
+            root_tracer = rt.tracer_provider.get_tracer(semconv.TRACER_NAME, __version__)
+            roots = _langgraph.GraphRootWrapper(root_tracer)
+            for attr, wrapper in (("invoke", roots.sync), ("stream", roots.sync), ("ainvoke", roots.asyn),
+                                  ("astream", roots.asyn)):
+                if attr in vars(pregel):
+                    wrap_function_wrapper(pregel, attr, wrapper)
+                    self._patched.append((pregel, attr))
+        # the model tap: the answer node's chat-model stream passes through the guard
+        from langchain_core.language_models.chat_models import BaseChatModel
+
+        from streamjudge.instrumentation._model import ModelPatcher
+
+        self._models: ModelPatcher | None = ModelPatcher()
+        for attr in ("astream", "_agenerate_with_cache"):
+            if attr in vars(BaseChatModel):
+                wrap_function_wrapper(BaseChatModel, attr, self._models.caller_wrapper)  # type: ignore[union-attr]
+                self._patched.append((BaseChatModel, attr))
 
     # --- FastAPI / Starlette ------------------------------------------------------------------------
     def _instrument_web(self) -> None:
-        options = {"token_field": self._settings.sse_token_field,
-                   "terminal_frames": self._settings.terminal_frames, **self._middleware_options}
+        st = self._settings
+        options = {"token_field": st.sse_token_field, "terminal_frames": st.terminal_frames,
+                   "client_events": st.client_events, "routes_include": st.routes_include,
+                   "routes_exclude": st.routes_exclude, **self._middleware_options}
         apps = self._apps
 
         def after_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> None:
@@ -151,9 +179,11 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self._patched.append((cls, "__init__"))
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        for obj, attr in reversed(self._patched):
+        models = getattr(self, "_models", None)
+        for obj, attr in reversed(self._patched + (models.patched if models is not None else [])):
             _unwrap(obj, attr)
         self._patched = []
+        self._models = None
         for app in list(self._apps):
             uninstrument_app(app)
         if self._enabled_openinference:
@@ -185,6 +215,7 @@ def instrument_app(
     token_events: frozenset[str | None] | None = DEFAULT_TOKEN_EVENTS,
     token_extractor: TokenExtractor | None = None,
     frame_hook: FrameHook | None = None,
+    client_events: bool | None = None,
     instrument_requests: bool = True,
 ) -> Any:
     """Instrument one FastAPI/Starlette ``app`` (and LangGraph) from code; calling it again does nothing.
@@ -197,9 +228,10 @@ def instrument_app(
 
     ``token_field`` (default ``settings.sse_token_field``) is the dot path of the token in JSON SSE
     ``data`` for apps whose tokens do not come from an instrumented graph; ``token_events`` the SSE event
-    names carrying tokens; ``token_extractor`` replaces both. ``frame_hook(event, kind)`` renders the
-    guard's warning/retract/stop events in the app's own frame format (return None to send nothing).
-    Returns ``app``.
+    names carrying tokens; ``token_extractor`` replaces both. ``client_events`` (default
+    ``settings.client_events``, or True when a ``frame_hook`` is given) sends the guard's
+    warning/retract/stop events to the client; ``frame_hook(event, kind)`` renders them in the app's own
+    frame format (return None to send nothing). Returns ``app``.
     """
     rt = ensure_runtime(settings, tracer_provider)
     settings = settings or rt.settings
@@ -230,6 +262,10 @@ def instrument_app(
         "token_extractor": token_extractor,
         "frame_hook": frame_hook,
         "terminal_frames": settings.terminal_frames,
+        "client_events": client_events if client_events is not None
+        else (settings.client_events or frame_hook is not None),
+        "routes_include": settings.routes_include,
+        "routes_exclude": settings.routes_exclude,
     }
     _add_middleware(app, options)
     app._streamjudge_instrumented = True

@@ -1,32 +1,39 @@
 """ASGI middleware: the answer stream of each HTTP response body or WebSocket, watched as it is sent.
 
 It sits inside the request span (first of the app's own middlewares), so every stream span is a child of
-the request. Per request it binds a stream to the trace (see ``_binding``); the LangGraph callbacks feed it
-the answer tokens, or — for apps whose tokens do not come from an instrumented graph — the body itself
-does: SSE frames (``text/event-stream``, e.g. ``StreamingResponse`` or sse-starlette's
-``EventSourceResponse``), JSON lines, plain text chunks and WebSocket messages are parsed and their token
-extracted. The app's frames pass through unchanged, whole frames at a time (the bytes of a frame split
-across chunks go out when it is complete); the guard's ``warning`` / ``retract`` / ``stop`` events are
-injected between frames in the app's format (a hook decides how). The app's terminal frame (``event:
-done``, ``data: [DONE]``, a ``{"type": "done"}`` line …; ``terminal_frames``) is held back until the
-stream's tail checkpoint was judged (bounded by ``end_wait_s``) and its events were sent, so a front end
-that stops reading at that frame still sees the last warning. A stop ends the body; a client that
-disconnects ends the stream span with ``disconnected`` and cancels its queued judge work.
+the request. Per request whose path may carry an answer (``routes_include`` / ``routes_exclude``) and
+whose span is recording, it binds a stream to the trace (see ``_binding``); the answer node's chat-model
+stream feeds it (``_model``), or — for apps whose tokens do not come from an instrumented graph — the
+streamed body itself does: SSE frames (``text/event-stream``, e.g. ``StreamingResponse`` or
+sse-starlette's ``EventSourceResponse``), JSON lines, streamed plain text and WebSocket messages are
+parsed and their token extracted. A response that is not a stream (``/metrics``, a JSON reply) feeds
+nothing; an answer the graph produced for it is still judged.
+
+By default the client receives exactly the app's bytes, message by message: the stream's last verdicts
+are awaited after the body ended. With ``client_events`` on, the guard's ``warning`` / ``retract`` /
+``stop`` events are injected between the app's frames in its own format (a hook decides how; whole
+frames only, so the bytes of a frame split across chunks go out when it is complete), and the app's
+terminal frame (``event: done``, ``data: [DONE]``, a ``{"type": "done"}`` line …; ``terminal_frames``) is
+held back until the tail checkpoint was judged (bounded by ``end_wait_s``) and its events were sent. A stop
+of a body-fed stream ends the body; a client that disconnects ends the stream span with ``disconnected``
+and cancels its queued judge work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from streamjudge.config import DEFAULT_TERMINAL_FRAMES
+from streamjudge.config import DEFAULT_ROUTES_EXCLUDE, DEFAULT_TERMINAL_FRAMES
 from streamjudge.instrumentation import _binding
 from streamjudge.instrumentation._binding import StreamBinding
 from streamjudge.instrumentation._sse import (
@@ -39,6 +46,7 @@ from streamjudge.instrumentation._sse import (
     json_event_name,
     make_token_extractor,
     render_sse,
+    render_sse_data,
 )
 
 if TYPE_CHECKING:
@@ -52,7 +60,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-FrameKind = Literal["sse", "ndjson", "text", "websocket"]
+#: ``sse-data``: an SSE app whose frames are data-only JSON (``data: {"type": "token", ...}``)
+FrameKind = Literal["sse", "sse-data", "ndjson", "text", "websocket"]
 #: (event, frame kind) -> what to send for a guard event: bytes/str for bodies, str/dict for WebSocket
 #: messages, or None to send nothing
 FrameHook = Callable[["StreamEvent", FrameKind], "bytes | str | Mapping[str, Any] | None"]
@@ -70,11 +79,14 @@ def event_payload(event: StreamEvent) -> dict[str, Any]:
 
 
 def default_frame_hook(event: StreamEvent, kind: FrameKind) -> bytes | str | Mapping[str, Any] | None:
-    """``event: warning`` + JSON for SSE, a JSON line for NDJSON, a JSON message on WebSockets."""
+    """``event: warning`` + JSON for SSE (a data-only ``{"type": "warning", ...}`` frame for apps whose
+    frames are data-only), a JSON line for NDJSON, a JSON message on WebSockets."""
     if event.type not in DEFAULT_INJECT:
         return None
     if kind == "sse":
         return render_sse(event.type, event_payload(event))
+    if kind == "sse-data":
+        return render_sse_data(event_payload(event))
     if kind == "ndjson":
         return (json.dumps(event_payload(event), default=str) + "\n").encode()
     if kind == "websocket":
@@ -148,8 +160,15 @@ class StreamJudgeMiddleware:
         token_extractor: TokenExtractor | None = None,
         frame_hook: FrameHook | None = None,
         terminal_frames: Iterable[str] | None = None,
+        client_events: bool | None = None,
+        routes_include: Iterable[str] = (),
+        routes_exclude: Iterable[str] = DEFAULT_ROUTES_EXCLUDE,
     ) -> None:
         self.app = app
+        # an explicit frame hook asks for client events unless they are switched off explicitly
+        self._client_events = frame_hook is not None if client_events is None else client_events
+        self._include = tuple(routes_include)
+        self._exclude = tuple(routes_exclude)
         self._terminal = TerminalFrames(DEFAULT_TERMINAL_FRAMES if terminal_frames is None
                                         else terminal_frames)
         self._path = tuple(token_field.split(".")) if token_field else None
@@ -157,9 +176,16 @@ class StreamJudgeMiddleware:
         self._hook = frame_hook or default_frame_hook
         self._tracer = trace.get_tracer(__name__)
 
+    def _judged_route(self, path: str) -> bool:
+        if self._include and not any(fnmatch.fnmatchcase(path, p) for p in self._include):
+            return False
+        return not any(fnmatch.fnmatchcase(path, p) for p in self._exclude)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
-        if kind == "http":
+        if kind in ("http", "websocket") and not self._judged_route(scope.get("path", "")):
+            await self.app(scope, receive, send)
+        elif kind == "http":
             await self._http(scope, receive, send)
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
@@ -168,7 +194,9 @@ class StreamJudgeMiddleware:
 
     # --- helpers -----------------------------------------------------------------------------------
     def _render(self, events: list[StreamEvent], kind: FrameKind) -> list[Any]:
-        out = []
+        out: list[Any] = []
+        if not self._client_events:
+            return out
         for ev in events:
             try:
                 frame = self._hook(ev, kind)
@@ -179,167 +207,46 @@ class StreamJudgeMiddleware:
                 out.append(frame)
         return out
 
-    def _bind(self, scope: Scope, owner: str) -> tuple[StreamBinding, Any]:
+    def _bind(self, scope: Scope, owner: str) -> tuple[StreamBinding | None, Any]:
+        """The request's stream, or None when its span does not record (unsampled, SDK disabled)."""
+        start_ns = time.time_ns()
         ctx = otel_context.get_current()
-        span_ctx = trace.get_current_span(ctx).get_span_context()
+        current = trace.get_current_span(ctx)
+        span_ctx = current.get_span_context()
         own_span = None
         if not span_ctx.is_valid:
             # no server instrumentation in front of us: the stream still needs a trace to live in
             method = scope.get("method", "WS") if owner == "http" else "WS"
             name = f"{method} {scope.get('path', '')}"
-            own_span = self._tracer.start_span(name, kind=trace.SpanKind.SERVER)
+            from streamjudge.runtime import current_runtime
+
+            rt = current_runtime()  # the judged provider, also when it is not the global one
+            tracer = rt.tracer if rt is not None else self._tracer
+            own_span = tracer.start_span(name, kind=trace.SpanKind.SERVER)
             ctx = trace.set_span_in_context(own_span, ctx)
+            current = own_span
             span_ctx = own_span.get_span_context()
-        binding = StreamBinding(span_ctx.trace_id, owner=owner, parent=ctx)
+        if not current.is_recording():
+            # nobody will ever judge this trace: nothing may wait for its verdicts
+            if own_span is not None:
+                own_span.end()
+            return None, None
+        binding = StreamBinding(span_ctx.trace_id, owner=owner, parent=ctx, request_start_ns=start_ns)
         _binding.bind(binding)
         return binding, own_span
 
     # --- HTTP ----------------------------------------------------------------------------------------
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        binding, own_span = self._bind(scope, "http")
-        parser: SSEParser | None = None
-        line_buf = b""
-        mode: FrameKind | None = None
-        started = False
-        ended = False  # the body was ended by a stop: later sends of the app are dropped
-        body_done = False  # the last body message went out
-        # created now, not at the response start: a response may wait in receive() before it starts
-        stop_wake = asyncio.Event()
-        extract = self._extract
-        path = self._path
-        terminal = self._terminal
+        bound, own_span = self._bind(scope, "http")
+        if bound is None:
+            await self.app(scope, receive, send)
+            return
+        binding = bound
+        response = _HttpResponse(self, binding, receive, send)
         outcome = "completed"
-
-        async def send_body(body: bytes, more: bool) -> None:
-            await send({"type": "http.response.body", "body": body, "more_body": more})
-
-        async def send_events(events: list[StreamEvent]) -> None:
-            assert mode is not None
-            for frame in self._render(events, mode):
-                body = frame.encode() if isinstance(frame, str) else frame
-                if isinstance(body, bytes | bytearray):
-                    await send_body(bytes(body), True)
-
-        async def end_body() -> None:
-            nonlocal ended
-            ended = True
-            await send_body(b"", False)
-            stop_wake.set()  # tells the response a "disconnect" happened, so it stops producing
-
-        def split_ndjson(body: bytes) -> tuple[bytes, int]:
-            # whole lines only (a reader cannot use half a line); the terminal line's offset or -1
-            nonlocal line_buf
-            data = line_buf + body if line_buf else body
-            cut = data.rfind(b"\n") + 1
-            line_buf = data[cut:]
-            complete = data[:cut]
-            feed = binding.source != "graph"
-            check = bool(terminal.types)
-            if not complete or not (feed or check):
-                return complete, -1
-            pos = 0
-            for line in complete.split(b"\n")[:-1]:
-                at = pos
-                pos += len(line) + 1
-                maybe_terminal = check and terminal.may_be_json(line)
-                if not line.strip() or not (feed or maybe_terminal):
-                    continue
-                try:
-                    payload = json.loads(line)
-                except (ValueError, RecursionError):  # RecursionError: JSON nested too deeply
-                    continue
-                if maybe_terminal and terminal.json(payload):
-                    return complete, at
-                if feed:
-                    tok = extract_from_json(payload, path)
-                    if tok:
-                        binding.feed(tok, "body")
-            return complete, -1
-
-        async def wrapped_send(message: Message) -> None:
-            nonlocal mode, parser, started, line_buf, body_done
-            if ended:
-                return
-            mtype = message["type"]
-            if mtype == "http.response.start":
-                mode = _mode_for(message.get("headers"))
-                started = True
-                if mode == "sse":
-                    parser = SSEParser(terminal.sse if terminal else None,
-                                       terminal.may_be_sse if terminal else None)
-                await send(message)
-                return
-            if mtype != "http.response.body" or mode is None:
-                await send(message)
-                return
-            body = message.get("body", b"")
-            more = message.get("more_body", False)
-            at = -1  # where the app's terminal frame starts in ``complete``
-            if parser is not None:
-                # the graph's callbacks deliver the tokens: frames are parsed only to find the terminal one
-                from_body = binding.source != "graph"
-                complete, frames, at = parser.feed_split(body, from_body) if body else (b"", [], -1)
-                if from_body:
-                    for f in frames:
-                        tok = extract(f)
-                        if tok:
-                            binding.feed(tok, "body")
-            elif mode == "ndjson":
-                complete, at = split_ndjson(bytes(body)) if body else (b"", -1)
-            else:
-                complete = bytes(body)
-                if body and binding.source != "graph":
-                    binding.feed(complete.decode("utf-8", "replace"), "body")
-            if at < 0 and more:
-                # the hot path: forward whole frames, then whatever the guard has to say
-                if complete:
-                    await send_body(complete, True)
-                if binding.has_events:
-                    await send_events(binding.take_events())
-                if binding.stopped:
-                    await end_body()
-                return
-            # the app's terminal frame or the body's end: the stream's last events go out before either
-            held = b""
-            if at >= 0:
-                complete, held = complete[:at], complete[at:]
-            if not more:
-                held += parser.flush() if parser is not None else line_buf
-                line_buf = b""
-            if complete:
-                await send_body(complete, True)
-            if binding.session is not None:
-                await send_events(await finish_stream(binding))
-            elif at >= 0:
-                binding.finish()  # the answer is over: later frames start nothing new
-            if held or not more:
-                body_done = not more
-                await send_body(held, more)
-
-        async def wrapped_receive() -> Message:
-            if started and mode is None:
-                return await receive()  # not a stream: nothing to watch
-            # a streaming response listens for the client going away; a stop must look like that too
-            if stop_wake.is_set():
-                return {"type": "http.disconnect"}
-            recv = asyncio.ensure_future(receive())
-            waiter = asyncio.ensure_future(stop_wake.wait())
-            try:
-                await asyncio.wait({recv, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-                if not recv.done():
-                    recv.cancel()
-            if recv.done() and not recv.cancelled():
-                message = recv.result()
-                if message["type"] == "http.disconnect" and not ended and not body_done:
-                    binding.abort("disconnected")
-                return message
-            return {"type": "http.disconnect"}
-
         token = otel_context.attach(trace.set_span_in_context(own_span)) if own_span is not None else None
         try:
-            await self.app(scope, wrapped_receive, wrapped_send)
+            await self.app(scope, response.receive, response.send)
         except asyncio.CancelledError:
             outcome = "disconnected"
             raise
@@ -354,7 +261,8 @@ class StreamJudgeMiddleware:
                 if outcome != "completed":
                     binding.abort(outcome)
                 elif binding.session is not None:
-                    binding.finish()  # tokens fed but no streamed body (e.g. a JSON endpoint)
+                    # an answer without a streamed body (a JSON endpoint): its verdicts still count
+                    await finish_stream(binding)
             except Exception:
                 _log.exception("streamjudge: could not close the answer stream")
             if token is not None:
@@ -364,69 +272,16 @@ class StreamJudgeMiddleware:
 
     # --- WebSocket -----------------------------------------------------------------------------------
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        binding, own_span = self._bind(scope, "websocket")
-        extract_path = self._path
-        swallow = False  # after a stop: drop the rest of this answer until the app's done message
-
-        async def send_events(events: list[StreamEvent]) -> None:
-            for frame in self._render(events, "websocket"):
-                if isinstance(frame, Mapping):
-                    await send({"type": "websocket.send", "text": json.dumps(frame, default=str)})
-                elif isinstance(frame, str):
-                    await send({"type": "websocket.send", "text": frame})
-                elif isinstance(frame, bytes | bytearray):
-                    await send({"type": "websocket.send", "bytes": bytes(frame)})
-
-        async def wrapped_send(message: Message) -> None:
-            nonlocal swallow
-            mtype = message["type"]
-            if mtype == "websocket.send":
-                text = message.get("text")
-                if text is None and message.get("bytes") is not None:
-                    text = bytes(message["bytes"]).decode("utf-8", "replace")
-                payload: Any = None
-                if text and text[0] == "{":
-                    try:
-                        payload = json.loads(text)
-                    except ValueError:
-                        payload = None
-                    except RecursionError:  # JSON nested too deeply to read: pass it on, no token
-                        await send(message)
-                        return
-                event = json_event_name(payload)
-                if event in DONE_EVENTS or (payload is not None and self._terminal.json(payload)):
-                    swallow = False
-                    if binding.session is not None:
-                        await send_events(await finish_stream(binding))
-                    binding.closed = False
-                    binding.source = None
-                    await send(message)
-                    return
-                tok = extract_from_json(payload, extract_path) if payload is not None else text
-                if swallow and tok:
-                    return
-                if tok and binding.source != "graph":
-                    binding.feed(tok, "body")
-                await send(message)
-                if binding.has_events:
-                    await send_events(binding.take_events())
-                if binding.stopped:
-                    swallow = True
-                return
-            if mtype == "websocket.close" and binding.session is not None:
-                await send_events(await finish_stream(binding, wait_s=0.0))
-            await send(message)
-
-        async def wrapped_receive() -> Message:
-            message = await receive()
-            if message["type"] == "websocket.disconnect":
-                binding.abort("disconnected")
-            return message
-
+        bound, own_span = self._bind(scope, "websocket")
+        if bound is None:
+            await self.app(scope, receive, send)
+            return
+        binding = bound
+        socket = _WebSocket(self, binding, receive, send)
         token = otel_context.attach(trace.set_span_in_context(own_span)) if own_span is not None else None
         outcome = "completed"
         try:
-            await self.app(scope, wrapped_receive, wrapped_send)
+            await self.app(scope, socket.receive, socket.send)
         except BaseException:
             outcome = "error"
             raise
@@ -442,3 +297,270 @@ class StreamJudgeMiddleware:
             if own_span is not None:
                 own_span.end()
 
+
+class _HttpResponse:
+    """One watched HTTP response: reads the answer's tokens from its body (when no graph feeds them),
+    injects the guard's events between whole frames when client events are on, holds the app's terminal
+    frame until the last verdicts are in, and makes a stop look like a client disconnect to the app."""
+
+    def __init__(
+        self, mw: StreamJudgeMiddleware, binding: StreamBinding, receive: Receive, send: Send
+    ) -> None:
+        self._mw = mw
+        self._binding = binding
+        self._receive = receive
+        self._send = send
+        self._events_on = mw._client_events
+        self._extract = mw._extract
+        self._path = mw._path
+        self._terminal = mw._terminal
+        self._parser: SSEParser | None = None
+        self._line_buf = b""
+        self._mode: FrameKind | None = None
+        self._started = False
+        self._ended = False  # the body was ended by a stop: later sends of the app are dropped
+        self._body_done = False  # the last body message went out
+        # created now, not at the response start: a response may wait in receive() before it starts
+        self._stop_wake = asyncio.Event()
+        self._sse_style: FrameKind = "sse"  # "sse-data" once the app's first frame turns out data-only
+        self._styled = False
+
+    async def _send_body(self, body: bytes, more: bool) -> None:
+        await self._send({"type": "http.response.body", "body": body, "more_body": more})
+
+    async def _send_events(self, events: list[StreamEvent]) -> None:
+        assert self._mode is not None
+        for frame in self._mw._render(events, self._sse_style if self._mode == "sse" else self._mode):
+            body = frame.encode() if isinstance(frame, str) else frame
+            if isinstance(body, bytes | bytearray):
+                await self._send_body(bytes(body), True)
+
+    async def _end_body(self) -> None:
+        self._ended = True
+        await self._send_body(b"", False)
+        self._stop_wake.set()  # tells the response a "disconnect" happened, so it stops producing
+
+    def _split_ndjson(self, body: bytes) -> tuple[bytes, int]:
+        # whole lines only (a reader cannot use half a line); the terminal line's offset or -1
+        binding, terminal = self._binding, self._terminal
+        data = self._line_buf + body if self._line_buf else body
+        cut = data.rfind(b"\n") + 1
+        self._line_buf = data[cut:]
+        complete = data[:cut]
+        feed = binding.source != "graph"
+        check = bool(terminal.types)
+        if not complete or not (feed or check):
+            return complete, -1
+        pos = 0
+        for line in complete.split(b"\n")[:-1]:
+            at = pos
+            pos += len(line) + 1
+            maybe_terminal = check and terminal.may_be_json(line)
+            if not line.strip() or not (feed or maybe_terminal):
+                continue
+            try:
+                payload = json.loads(line)
+            except (ValueError, RecursionError):  # RecursionError: JSON nested too deeply
+                continue
+            if maybe_terminal and terminal.json(payload):
+                return complete, at
+            if feed:
+                tok = extract_from_json(payload, self._path)
+                if tok:
+                    binding.feed(tok, "body")
+        return complete, -1
+
+    async def _pass_through(self, message: Message) -> None:
+        # client events off: the app's messages go out as they are; tokens are only read from them
+        binding = self._binding
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        if body and binding.source != "graph" and not binding.closed:
+            if self._parser is not None:
+                for f in self._parser.feed_split(body, True)[1]:
+                    tok = self._extract(f)
+                    if tok:
+                        binding.feed(tok, "body")
+            elif self._mode == "ndjson":
+                self._split_ndjson(bytes(body))
+            elif self._mode == "text" and (more or binding.source == "body"):  # a streamed text body
+                binding.feed(bytes(body).decode("utf-8", "replace"), "body")
+        await self._send(message)
+        if more and binding.stopped and binding.source == "body":
+            await self._end_body()
+            return
+        if not more:
+            self._body_done = True
+            if binding.session is not None:
+                await finish_stream(binding)  # verdicts in flight land on the span; nothing is sent
+
+    async def send(self, message: Message) -> None:
+        """The app's ``send``."""
+        if self._ended:
+            return
+        binding, terminal = self._binding, self._terminal
+        mtype = message["type"]
+        if mtype == "http.response.body" and self._mode is not None and not self._events_on:
+            await self._pass_through(message)
+            return
+        if self._mode == "sse" and not self._styled and message.get("body"):
+            self._styled = True
+            head = bytes(message["body"]).lstrip()
+            if head.startswith(b"data:"):
+                self._sse_style = "sse-data"
+        if mtype == "http.response.start":
+            self._mode = _mode_for(message.get("headers"))
+            self._started = True
+            if self._mode == "sse":
+                self._parser = SSEParser(terminal.sse if terminal else None,
+                                         terminal.may_be_sse if terminal else None)
+            await self._send(message)
+            return
+        if mtype != "http.response.body" or self._mode is None:
+            await self._send(message)
+            return
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        parser = self._parser
+        at = -1  # where the app's terminal frame starts in ``complete``
+        if parser is not None:
+            # the graph's callbacks deliver the tokens: frames are parsed only to find the terminal one
+            from_body = binding.source != "graph"
+            complete, frames, at = parser.feed_split(body, from_body) if body else (b"", [], -1)
+            if from_body:
+                for f in frames:
+                    tok = self._extract(f)
+                    if tok:
+                        binding.feed(tok, "body")
+        elif self._mode == "ndjson":
+            complete, at = self._split_ndjson(bytes(body)) if body else (b"", -1)
+        else:
+            complete = bytes(body)
+            if body and binding.source != "graph" and (more or binding.source == "body"):
+                binding.feed(complete.decode("utf-8", "replace"), "body")
+        if at < 0 and more:
+            # the hot path: forward whole frames, then whatever the guard has to say
+            if complete:
+                await self._send_body(complete, True)
+            # never inside an app frame that is still passing through (one over the parser's cap)
+            if binding.has_events and not (parser is not None and parser.pending):
+                await self._send_events(binding.take_events())
+            if binding.stopped:
+                await self._end_body()
+            return
+        # the app's terminal frame or the body's end: the stream's last events go out before either
+        held = b""
+        if at >= 0:
+            complete, held = complete[:at], complete[at:]
+        if not more:
+            held += parser.flush() if parser is not None else self._line_buf
+            self._line_buf = b""
+        if complete:
+            await self._send_body(complete, True)
+        if binding.session is not None:
+            await self._send_events(await finish_stream(binding))
+        elif at >= 0:
+            binding.finish()  # the answer is over: later frames start nothing new
+        if held or not more:
+            self._body_done = not more
+            await self._send_body(held, more)
+
+    async def receive(self) -> Message:
+        """The app's ``receive``: a stop looks like the client going away."""
+        if self._started and self._mode is None:
+            return await self._receive()  # not a stream: nothing to watch
+        # a streaming response listens for the client going away; a stop must look like that too
+        if self._stop_wake.is_set():
+            return {"type": "http.disconnect"}
+        recv = asyncio.ensure_future(self._receive())
+        waiter = asyncio.ensure_future(self._stop_wake.wait())
+        try:
+            await asyncio.wait({recv, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not recv.done():
+                recv.cancel()
+        if recv.done() and not recv.cancelled():
+            message = recv.result()
+            if message["type"] == "http.disconnect" and not self._ended and not self._body_done:
+                self._binding.abort("disconnected")
+            return message
+        return {"type": "http.disconnect"}
+
+
+class _WebSocket:
+    """One watched WebSocket: each message's token feeds the stream, the app's done message ends an answer
+    (after its last verdicts), and after a stop the rest of that answer is dropped."""
+
+    def __init__(
+        self, mw: StreamJudgeMiddleware, binding: StreamBinding, receive: Receive, send: Send
+    ) -> None:
+        self._mw = mw
+        self._binding = binding
+        self._receive = receive
+        self._send = send
+        self._events_on = mw._client_events
+        self._swallow = False  # after a stop: drop the rest of this answer until the app's done message
+
+    async def _send_events(self, events: list[StreamEvent]) -> None:
+        for frame in self._mw._render(events, "websocket"):
+            if isinstance(frame, Mapping):
+                await self._send({"type": "websocket.send", "text": json.dumps(frame, default=str)})
+            elif isinstance(frame, str):
+                await self._send({"type": "websocket.send", "text": frame})
+            elif isinstance(frame, bytes | bytearray):
+                await self._send({"type": "websocket.send", "bytes": bytes(frame)})
+
+    async def send(self, message: Message) -> None:
+        """The app's ``send``."""
+        binding = self._binding
+        mtype = message["type"]
+        if mtype == "websocket.send":
+            text = message.get("text")
+            if text is None and message.get("bytes") is not None:
+                text = bytes(message["bytes"]).decode("utf-8", "replace")
+            payload: Any = None
+            if text and text[0] == "{":
+                try:
+                    payload = json.loads(text)
+                except ValueError:
+                    payload = None
+                except RecursionError:  # JSON nested too deeply to read: pass it on, no token
+                    await self._send(message)
+                    return
+            event = json_event_name(payload)
+            if event in DONE_EVENTS or (payload is not None and self._mw._terminal.json(payload)):
+                self._swallow = False
+                if not self._events_on:
+                    await self._send(message)
+                if binding.session is not None:
+                    await self._send_events(await finish_stream(binding))
+                binding.closed = False
+                binding.source = None
+                binding.node_start_ns = 0
+                if self._events_on:
+                    await self._send(message)
+                return
+            tok = extract_from_json(payload, self._mw._path) if payload is not None else text
+            if self._swallow and tok and self._events_on:
+                return
+            if tok and binding.source != "graph":
+                binding.feed(tok, "body")
+            await self._send(message)
+            if binding.has_events:
+                await self._send_events(binding.take_events())
+            if binding.stopped:
+                self._swallow = True
+            return
+        if mtype == "websocket.close" and binding.session is not None:
+            await self._send_events(await finish_stream(binding, wait_s=0.0))
+        await self._send(message)
+
+    async def receive(self) -> Message:
+        """The app's ``receive``: a disconnect ends the answer stream."""
+        message = await self._receive()
+        if message["type"] == "websocket.disconnect":
+            self._binding.abort("disconnected")
+        elif message["type"] == "websocket.receive" and self._binding.session is None:
+            self._binding.request_start_ns = time.time_ns()  # the next answer is asked for now
+        return message

@@ -1,10 +1,17 @@
 """One answer stream of one request, shared by whoever produces its tokens and whoever delivers them.
 
-Two places see the answer: the LangGraph callbacks (exact: only the answer nodes' LLM tokens) and the HTTP
-body / WebSocket wrapper (what the client receives). The first one to deliver a token becomes the stream's
-source and the other is ignored for that stream, so no token is counted twice; LangGraph callbacks fire
-before the app can forward the same token, so when the graph is instrumented it always wins. The wrapper
-owns delivery: it injects the guard's events (warning / retract / stop) between the app's frames.
+Three places see the answer: the answer node's chat-model stream (``_model``'s tap: the tokens
+where they are born, so hold-back, stop and regenerate act on what the node receives), the LangGraph
+callbacks (non-streamed answer calls, models the tap cannot wrap) and the HTTP body / WebSocket wrapper
+(apps without an instrumented graph). The first one to deliver a token becomes the stream's source and
+the others are ignored for that stream, so no token is counted twice; the graph's callbacks and the
+model tap run before the app can forward the same token, so when the graph is instrumented it always wins.
+
+The guard session opens at the first token, not earlier: contexts retrieved before it (in a node, or by a
+tool of the answer node itself) are known then and the pre-flight gate runs on them before that token is
+released. Its span still starts when the answer was asked for (the answer node's start, else the
+request's), so time to first token is what users feel. Whoever drives the session applies its events; the
+wrapper only delivers the client events, and only when they are switched on (``client_events``).
 
 Bindings are found by trace id: the request span's trace is the graph's trace.
 """
@@ -12,13 +19,14 @@ Bindings are found by trace id: the request span's trace is the graph's trace.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry import context as otel_context
 
 if TYPE_CHECKING:
-    from streamjudge.judging.guard import GuardSession, StreamEvent
+    from streamjudge.judging.guard import GuardSession, RegenerateRequest, StreamEvent, TokenSource
 
 Source = Literal["graph", "body"]
 
@@ -29,8 +37,8 @@ _bindings: dict[int, StreamBinding] = {}
 class StreamBinding:
     """The guard session of one answer stream, opened lazily at its first token."""
 
-    __slots__ = ("_attributes", "_lock", "_name", "_parent", "_pending", "closed", "owner", "session",
-                 "source", "trace_id")
+    __slots__ = ("_attributes", "_lock", "_name", "_parent", "_pending", "closed", "driver", "node_start_ns",
+                 "owner", "regenerate", "request_start_ns", "session", "source", "trace_id")
 
     def __init__(
         self,
@@ -40,12 +48,21 @@ class StreamBinding:
         parent: otel_context.Context | None = None,
         name: str | None = None,
         attributes: Mapping[str, Any] | None = None,
+        request_start_ns: int | None = None,
     ) -> None:
         self.trace_id = trace_id
         self.owner = owner  # "http" / "websocket" / "graph": who finishes the stream
         self.session: GuardSession | None = None
         self.source: Source | None = None
         self.closed = False
+        #: when the answer was asked for: the request's start (time to first token counts from here)
+        self.request_start_ns = request_start_ns or time.time_ns()
+        #: when the first answer node started (the stream span starts here when there is one)
+        self.node_start_ns = 0
+        #: the model tap currently driving the session (it applies the events; the wrapper only delivers)
+        self.driver: object | None = None
+        #: set by the model tap while a chat-model stream runs: re-prompts the same model
+        self.regenerate: Callable[[RegenerateRequest], TokenSource] | None = None
         self._parent = parent
         self._name = name
         self._attributes = dict(attributes or {})
@@ -65,7 +82,7 @@ class StreamBinding:
                 session = self._open()
             if not session.stopped:
                 session.accept(token)
-                if self.owner == "graph" and session.has_events:
+                if self.owner == "graph" and self.driver is None and session.has_events:
                     # nobody delivers a graph-only stream's events: apply verdicts now so alerts count
                     self._pending.extend(session.drain())
 
@@ -73,16 +90,21 @@ class StreamBinding:
     def has_events(self) -> bool:
         """True when guard events wait to be delivered (cheap: checked after every frame)."""
         s = self.session
-        return bool(self._pending) or (s is not None and s.has_events)
+        return bool(self._pending) or (s is not None and s.has_events and self.driver is None)
 
     def take_events(self) -> list[StreamEvent]:
-        """Guard events ready now, in order."""
+        """Guard events ready now, in order (a driving model tap drains the session itself)."""
         with self._lock:
             out, self._pending = self._pending, []
             s = self.session
-            if s is not None and s.has_events:
+            if s is not None and s.has_events and self.driver is None:
                 out.extend(s.drain())
             return out
+
+    def post(self, events: list[StreamEvent]) -> None:
+        """Events the driver applied, for the wrapper to deliver to the client."""
+        with self._lock:
+            self._pending.extend(events)
 
     @property
     def stopped(self) -> bool:
@@ -92,30 +114,50 @@ class StreamBinding:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def open(self, source: Source) -> None:
-        """Open the stream now (an answer node started) and make ``source`` its token source.
+        """An answer node started: ``source`` delivers the tokens; the stream span will start now.
 
-        Opening before the first token lets the pre-flight gate run on the contexts first and makes time
-        to first token mean what users feel: from the start of generation to the first token.
+        The session itself opens at the first token (see the module docstring).
         """
         with self._lock:
             if self.closed or self.session is not None:
                 return
             if self.source is None:
                 self.source = source
-            self._open()
+            if not self.node_start_ns:
+                self.node_start_ns = time.time_ns()
+
+    def ensure_session(self) -> GuardSession:
+        """The session, opened now if this is the stream's first token."""
+        with self._lock:
+            return self.session if self.session is not None else self._open()
 
     def _open(self) -> GuardSession:
+        from streamjudge import semconv
         from streamjudge.judging.guard import GuardSession
 
+        first_token_ns = time.time_ns()  # the session opens on the stream's first token
         token = otel_context.attach(self._parent) if self._parent is not None else None
         try:
-            session = GuardSession(name=self._name, attributes=self._attributes or None)
+            # only a model tap can re-prompt; without one the guard flags instead (and says so)
+            regen = self._regenerate if self.driver is not None else None
+            session = GuardSession(name=self._name, attributes=self._attributes or None, regenerate=regen,
+                                   start_time_ns=self.node_start_ns or self.request_start_ns)
             self._pending.extend(session.start())
         finally:
             if token is not None:
                 otel_context.detach(token)
+        span = session.span
+        if span is not None:
+            span.set_attribute(semconv.STREAM_TTFT_REQUEST_MS,
+                               round((first_token_ns - self.request_start_ns) / 1e6, 3))
         self.session = session
         return session
+
+    def _regenerate(self, req: RegenerateRequest) -> TokenSource:
+        regen = self.regenerate
+        if regen is None:  # pragma: no cover - the guard only asks while a tap drives it
+            raise RuntimeError("no chat-model stream to regenerate from")
+        return regen(req)
 
     def finish(self) -> list[StreamEvent]:
         """End the stream normally: tail checkpoint, final reconciliation; returns the last events."""
@@ -124,7 +166,7 @@ class StreamBinding:
             s, self.session = self.session, None
             self.closed = True
         if s is not None:
-            out.extend(s.finish())
+            out.extend(s.finish("stopped" if s.stopped else "completed"))
         return out
 
     def abort(self, outcome: str = "disconnected") -> None:
@@ -141,6 +183,8 @@ class StreamBinding:
         out = self.finish()
         self.closed = False
         self.source = None
+        self.node_start_ns = 0
+        self.request_start_ns = time.time_ns()
         return out
 
 

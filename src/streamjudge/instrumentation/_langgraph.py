@@ -7,13 +7,20 @@ every LangChain callback manager the way openinference adds its tracer:
 
 - registers the question (graph input, node state) and the retrieved contexts (retriever runs, node state
   under ``documents`` / ``contexts`` ...) for the trace as soon as they are known;
-- opens the answer stream when an answer node (``settings.answer_nodes``) starts — contexts are fixed by
-  then, so the pre-flight gate runs before the first token — and feeds it the tokens of LLM calls made
-  inside answer nodes only. Grading and reflection calls in other nodes never reach the answer text.
+- marks the answer stream's start when an answer node (``settings.answer_nodes``) starts, and arms the
+  model tap (``_model``) for the chat-model calls made inside answer nodes only: not the runs of the
+  node's conditional edges (LangGraph tags them with the *source* node's name, so a grader edge after
+  ``generate`` looks like the answer's LLM call; they are the node's children tagged ``seq:step:N``,
+  N > 1, after the node's own function), not structured-output calls (``with_structured_output``),
+  not ``nostream`` ones. Grading and reflection calls never reach the answer text;
+- registers what tools return as contexts (a ReAct agent retrieves inside its answer node, before the
+  answer's first token);
+- gives a graph run outside any span a root span of its own, so it is judged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,7 +34,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from streamjudge import semconv
 from streamjudge._context import ContextStore
-from streamjudge.instrumentation import _binding
+from streamjudge.instrumentation import _binding, _model
 from streamjudge.instrumentation._binding import StreamBinding
 
 _log = logging.getLogger(__name__)
@@ -44,16 +51,27 @@ except ImportError:  # pragma: no cover - very old API
 
 
 class _Run:
-    __slots__ = ("answer", "binding", "is_node", "node", "span", "start", "trace_id")
+    __slots__ = ("answer", "binding", "edge", "fed", "is_node", "node", "root", "span", "start", "trace_id")
 
     def __init__(self, trace_id: int, node: str | None) -> None:
         self.trace_id = trace_id
         self.node = node
         self.is_node = False
         self.answer = False
+        self.edge = False  # a run of a conditional edge (or under one)
+        self.fed = False  # an answer run whose tokens reached the stream
         self.start = 0.0
         self.span: Span | None = None
         self.binding: StreamBinding | None = None
+        self.root: _Run | None = None  # the graph's run (None: this is it)
+
+
+def _after_node_function(tags: Sequence[str] | None) -> bool:
+    """True for the tags of a node's step after its function: the writers and the conditional edges."""
+    for tag in tags or ():
+        if tag.startswith("seq:step:"):
+            return tag != "seq:step:1"
+    return False
 
 
 def _text_of(item: Any) -> str | None:
@@ -133,8 +151,10 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         contexts: Callable[[], ContextStore],
         tracer: trace.Tracer | None,
         node_span_lookup: Callable[[UUID], Span | None] | None = None,
+        root_tracer: trace.Tracer | None = None,
     ) -> None:
         super().__init__()
+        self._root_tracer = root_tracer  # for a graph run outside any span when openinference has none
         self.answer_nodes = frozenset(answer_nodes)
         self._contexts = contexts
         self._tracer = tracer  # None: openinference makes the spans
@@ -150,6 +170,9 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
             trace_id = trace.get_current_span().get_span_context().trace_id
         node = metadata.get("langgraph_node") if metadata else None
         run = _Run(trace_id, node if isinstance(node, str) else None)
+        if parent is not None:
+            run.edge = parent.edge
+            run.root = parent.root or parent
         runs = self._runs
         if len(runs) >= _MAX_RUNS:
             for key in list(runs)[: _MAX_RUNS // 10]:
@@ -183,11 +206,15 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         run.is_node = (
             run.node is not None and name == run.node and (parent is None or parent.node != run.node)
         )
+        if parent is not None and parent.is_node and name != parent.node and _after_node_function(tags):
+            run.edge = True
         if root:
+            if not run.trace_id:
+                self._own_root(run, run_id, name)
             sid = (metadata or {}).get("thread_id") or (metadata or {}).get("session_id")
             self._register(run.trace_id, question=find_question(inputs),
                            session_id=str(sid) if sid is not None else None)
-            if self._tracer is not None and run.node is None:
+            if self._tracer is not None and run.node is None and run.span is None:
                 run.span = self._tracer.start_span(
                     str(name or "LangGraph"), attributes={semconv.SPAN_TYPE: "graph"}
                 )
@@ -206,17 +233,37 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
                 context=ctx,
                 attributes={semconv.NODE_NAME: node, semconv.SPAN_TYPE: semconv.SPAN_TYPE_NODE},
             )
-        if node in self.answer_nodes and run.trace_id:
+        if node in self.answer_nodes and run.trace_id and not run.edge:
             self._open_answer(run, run_id)
 
+    def _own_root(self, run: _Run, run_id: UUID, name: Any) -> None:
+        """A graph run outside any span (a script, a worker): its trace starts here."""
+        span = self._node_span(run_id) if self._node_span else None  # openinference's root span
+        if span is None or not span.get_span_context().is_valid:
+            tracer = self._tracer or self._root_tracer
+            if tracer is None:
+                return
+            span = tracer.start_span(str(name or "LangGraph"), kind=trace.SpanKind.INTERNAL,
+                                     attributes={semconv.SPAN_TYPE: "graph"})
+            run.span = span
+        run.trace_id = span.get_span_context().trace_id
+
     def _open_answer(self, run: _Run, run_id: UUID) -> None:
+        span = run.span or (self._node_span(run_id) if self._node_span else None)
+        parent = trace.set_span_in_context(span) if span is not None else None
         binding = _binding.lookup(run.trace_id)
         if binding is None or binding.closed:
-            span = run.span or (self._node_span(run_id) if self._node_span else None)
-            parent = trace.set_span_in_context(span) if span is not None else otel_context.get_current()
-            binding = StreamBinding(run.trace_id, owner="graph", parent=parent)
+            current = span or trace.get_current_span()
+            if current.get_span_context().is_valid and not current.is_recording():
+                return  # unsampled or the SDK is off: nothing would ever judge it, nothing may wait
+            binding = StreamBinding(run.trace_id, owner="graph",
+                                    parent=parent or otel_context.get_current())
             _binding.bind(binding)
-            run.binding = binding  # the graph owns it: finished when this node ends
+            owner = run.root or run  # the graph owns it: finished when the graph's run ends
+            if owner.binding is None:
+                owner.binding = binding
+            else:
+                run.binding = binding
         try:
             binding.open(source="graph")
         except Exception:  # the app's graph must run even if the guard cannot start
@@ -249,7 +296,7 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
             _binding.unbind(binding)
             try:
                 if error is None:
-                    binding.finish()
+                    _finish_blocking(binding)
                 else:
                     binding.abort("error")
             except Exception:
@@ -290,8 +337,12 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         run.answer = (
             run.node in self.answer_nodes
             and bool(run.trace_id)
+            and not run.edge
             and not (tags and _NOSTREAM_TAGS.intersection(tags))
+            and not (metadata and metadata.get("ls_structured_output_format"))
         )
+        binding = _binding.lookup(run.trace_id) if run.answer else None
+        _model.arm(binding if binding is not None and not binding.closed else None)
 
     def on_llm_new_token(
         self, token: str | list[str | dict[str, Any]], *, chunk: Any = None, run_id: UUID, **kwargs: Any
@@ -302,15 +353,25 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         text = _llm_token_text(token, chunk)
         if not text:
             return
+        run.fed = True
         binding = _binding.lookup(run.trace_id)
-        if binding is not None:
+        if binding is not None and binding.driver is None:  # a driving model tap feeds it itself
             binding.feed(text, "graph")
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._runs.pop(run_id, None)
+        run = self._runs.pop(run_id, None)
+        _model.arm(None)  # a call that never streamed must not leave the tap armed for the next one
+        if run is None or not run.answer or run.fed:
+            return
+        # an answer that was not streamed (ainvoke without a streaming handler): judged whole
+        text = _response_text(response)
+        binding = _binding.lookup(run.trace_id)
+        if text and binding is not None and not binding.closed:
+            binding.feed(text, "graph")
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._runs.pop(run_id, None)
+        _model.arm(None)
 
     # --- retrievers ---------------------------------------------------------------------------------
     def on_retriever_start(
@@ -337,9 +398,83 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
     def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._runs.pop(run_id, None)
 
+    # --- tools: an agent's retrieval happens here, inside its answer node --------------------------
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
-                      parent_run_id: UUID | None = None, **kwargs: Any) -> None:
-        return None
+                      parent_run_id: UUID | None = None, metadata: dict[str, Any] | None = None,
+                      **kwargs: Any) -> None:
+        if otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+            return
+        self._new_run(run_id, parent_run_id, metadata)
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        run = self._runs.pop(run_id, None)
+        if run is None or not run.trace_id:
+            return
+        texts = _tool_texts(output)
+        if not texts:
+            return
+        store = self._contexts()
+        old = store.get(run.trace_id)
+        before = list(old.contexts) if old is not None and old.contexts else []
+        self._register(run.trace_id, contexts=before + [t for t in texts if t not in before])
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._runs.pop(run_id, None)
+
+
+def _tool_texts(output: Any) -> list[str]:
+    """The passages a tool returned: a string, documents, a ToolMessage's content, or a list of those."""
+    content = getattr(output, "content", output)  # ToolMessage
+    artifact = getattr(output, "artifact", None)
+    items = artifact if isinstance(artifact, list) and artifact else content
+    if isinstance(items, str):
+        return [items] if items.strip() else []
+    if isinstance(items, Sequence):
+        return [t for t in (_text_of(x) for x in items) if t and t.strip()]
+    t = _text_of(items)
+    return [t] if t else []
+
+
+def _response_text(response: Any) -> str:
+    """The text of an ``LLMResult`` (the first generation's message content)."""
+    try:
+        gen = response.generations[0][0]
+    except (AttributeError, IndexError, TypeError):
+        return ""
+    message = getattr(gen, "message", None)
+    if message is not None:
+        if getattr(message, "tool_calls", None) and not message.content:
+            return ""
+        return _llm_token_text(message.content, None) if message.content else ""
+    text = getattr(gen, "text", "")
+    return text if isinstance(text, str) else ""
+
+
+def _finish_blocking(binding: StreamBinding) -> None:
+    """Finish a graph-owned stream (no server delivers it): wait, bounded, for verdicts in flight."""
+    import threading
+
+    session = binding.session
+    if session is not None and not session.stopped:
+        woke = threading.Event()
+        session.set_notify(woke.set)
+        try:
+            session.close_tail()
+            deadline = time.monotonic() + session.settings.end_wait_s
+            while session.outstanding and not session.stopped:
+                if session.has_events:
+                    binding.take_events()
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                woke.clear()
+                if not session.has_events:
+                    woke.wait(remaining)
+            binding.take_events()
+        finally:
+            session.set_notify(None)
+    binding.finish()
 
 
 def _output_question(outputs: Any) -> str | None:
@@ -401,17 +536,108 @@ def oi_end_trace_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, 
     return wrapped(*args, **kwargs)
 
 
+def _is_langfuse_handler(handler: Any) -> bool:
+    # langfuse.langchain.CallbackHandler (class LangchainCallbackHandler); by module, so no import
+    cls = type(handler)
+    return cls.__module__.startswith("langfuse") and cls.__name__.endswith("CallbackHandler")
+
+
 class CallbackManagerInitWrapper:
-    """Adds the handler to every LangChain callback manager (inheritable, so nested runs see it too)."""
+    """Adds the handler to every LangChain callback manager (inheritable, so nested runs see it too).
 
-    __slots__ = ("handler",)
+    When the app passes Langfuse's LangChain ``CallbackHandler``, Langfuse already exports every
+    LangChain run as a span: openinference's tracer (switched on by streamjudge) is taken out of that
+    manager so no run is exported twice.
+    """
 
-    def __init__(self, handler: StreamJudgeCallbackHandler) -> None:
+    __slots__ = ("handler", "oi_tracer_cls")
+
+    def __init__(self, handler: StreamJudgeCallbackHandler, oi_tracer_cls: type | None = None) -> None:
         self.handler = handler
+        self.oi_tracer_cls = oi_tracer_cls
 
     def __call__(self, wrapped: Callable[..., None], instance: Any, args: Any, kwargs: Any) -> None:
         wrapped(*args, **kwargs)
+        oi = self.oi_tracer_cls
+        if oi is not None and any(_is_langfuse_handler(h) for h in instance.handlers):
+            for h in [h for h in instance.handlers if isinstance(h, oi)]:
+                instance.remove_handler(h)
         for h in instance.inheritable_handlers:
             if h is self.handler:
                 return
         instance.add_handler(self.handler, True)
+
+
+# --- a root span for graph runs outside any span ---------------------------------------------------------
+
+class GraphRootWrapper:
+    """Around ``Pregel.invoke/ainvoke/stream/astream``: a run outside any span gets a root span first.
+
+    A script or a worker calling ``graph.ainvoke`` under ``opentelemetry-instrument`` has no request span;
+    without one, every LangChain run would start a trace of its own and the answer could not be judged.
+    The span is made current for the run, so openinference's spans, the node spans and the stream span
+    all land in its trace. Runs nested in another runnable (a subgraph in a node) are left alone.
+    """
+
+    __slots__ = ("tracer",)
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self.tracer = tracer
+
+    def _needed(self) -> bool:
+        from langchain_core.runnables.config import var_child_runnable_config
+
+        if var_child_runnable_config.get() is not None:
+            return False
+        if otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+            return False
+        return not trace.get_current_span().get_span_context().is_valid
+
+    def _span(self, instance: Any) -> Span:
+        name = getattr(instance, "name", None) or "LangGraph"
+        return self.tracer.start_span(str(name), attributes={semconv.SPAN_TYPE: "graph"})
+
+    def sync(self, wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        if not self._needed():
+            return wrapped(*args, **kwargs)
+        if wrapped.__name__ == "stream":
+            return self._sync_gen(wrapped(*args, **kwargs), self._span(instance))
+        with trace.use_span(self._span(instance), end_on_exit=True):
+            return wrapped(*args, **kwargs)
+
+    def asyn(self, wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        if not self._needed():
+            return wrapped(*args, **kwargs)
+        span = self._span(instance)
+        if wrapped.__name__ == "astream":
+            return self._async_gen(wrapped, args, kwargs, span)
+        return self._coro(wrapped(*args, **kwargs), span)
+
+    @staticmethod
+    async def _coro(coro: Any, span: Span) -> Any:
+        with trace.use_span(span, end_on_exit=True):
+            return await coro
+
+    @staticmethod
+    def _sync_gen(gen: Any, span: Span) -> Any:
+        with trace.use_span(span, end_on_exit=True):
+            yield from gen
+
+    @staticmethod
+    async def _async_gen(wrapped: Callable[..., Any], args: Any, kwargs: Any, span: Span) -> Any:
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            gen = wrapped(*args, **kwargs)  # created under the span: its tasks copy this context
+            try:
+                async for item in gen:
+                    yield item
+            finally:
+                await gen.aclose()
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
+        finally:
+            span.end()
+            with contextlib.suppress(ValueError):  # iterated from another context: nothing to restore
+                otel_context.detach(token)

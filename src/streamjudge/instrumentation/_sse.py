@@ -529,3 +529,8 @@ def json_event_name(payload: Any) -> str | None:
 def render_sse(event: str, data: Mapping[str, Any]) -> bytes:
     """One SSE frame with a JSON payload, terminated by a blank line."""
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def render_sse_data(data: Mapping[str, Any]) -> bytes:
+    """One data-only SSE frame with a JSON payload (for apps whose frames carry no ``event:`` field)."""
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()

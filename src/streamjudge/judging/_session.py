@@ -24,6 +24,7 @@ from streamjudge import semconv
 from streamjudge.judging._actions import passed_until, preflight_gate, warning_data
 from streamjudge.judging._backend import StreamBackend, default_backend
 from streamjudge.judging._telemetry import ANSWER_KEYS, CHECKPOINT_KEYS, set_text, skip_attributes
+from streamjudge.judging._telemetry import capped as span_text
 from streamjudge.judging._tokens import TokenText
 from streamjudge.judging._windows import ReleaseOrder, Transcript, Window, Windows
 from streamjudge.results import EvalInput, EvalKind, JobOutcome, JudgeRequest, JudgeResult, Verdict
@@ -191,6 +192,7 @@ class GuardSession:
         settings = self.settings
         attrs: dict[str, AttributeValue] = {
             semconv.SPAN_TYPE: semconv.SPAN_TYPE_STREAM,
+            semconv.OPENINFERENCE_SPAN_KIND: semconv.OPENINFERENCE_KIND_CHAIN,
             semconv.STREAM_MODE: settings.mode,
             semconv.STREAM_ACTION: settings.action,
             **self._attributes,
@@ -201,8 +203,8 @@ class GuardSession:
         ctx = span.get_span_context()
         self._span_id = ctx.span_id
         self._trace_id = ctx.trace_id
-        # an unsampled trace reaches no processor: its spans carry no results, but the stream is still
-        # judged live (the actions protect the reader whatever the tracing sample)
+        # a trace the tracing sampler dropped (a client's ``traceparent: ...-00``) reaches no processor: it
+        # counts as sampled out, decided here once, so nothing waits for verdicts and nothing is held
         self._recording = span.is_recording()
         self._stream_hex = format(ctx.span_id, "016x")
         span.set_attribute(semconv.STREAM_ID, self._stream_hex)
@@ -222,7 +224,8 @@ class GuardSession:
                 span.set_attribute(semconv.SESSION_ID, stored.session_id)
         if self.question is not None and settings.capture_content:
             span.set_attribute(semconv.STREAM_QUESTION, self.question)
-        if not backend.service.sampled(self._trace_id):
+            span.set_attribute(semconv.INPUT_VALUE, self.question)
+        if not self._recording or not backend.service.sampled(self._trace_id):
             self._judging = False
             self._unjudged_status = "sampled_out"
             span.set_attribute(semconv.EVAL_STATUS, "sampled_out")
@@ -395,6 +398,8 @@ class GuardSession:
             span.set_attribute(semconv.STREAM_TTFT_MS, st.ttft_ms)
         set_text(span, ANSWER_KEYS, text, capture=self.settings.capture_content,
                  limit=self.settings.max_text_attribute_chars)
+        if self.settings.capture_content:
+            span.set_attribute(semconv.OUTPUT_VALUE, span_text(text, self.settings.max_text_attribute_chars))
         ended_well = outcome in ("completed", "stopped")
         if not ended_well:
             span.set_attribute(semconv.EVAL_SKIP_REASON, outcome)
@@ -529,6 +534,7 @@ class GuardSession:
         """Make the checkpoint span and send its request to the judging service."""
         attrs: dict[str, AttributeValue] = {
             semconv.SPAN_TYPE: semconv.SPAN_TYPE_CHECKPOINT,
+            semconv.OPENINFERENCE_SPAN_KIND: semconv.OPENINFERENCE_KIND_GUARDRAIL,
             semconv.CHECKPOINT_INDEX: index,
             semconv.CHECKPOINT_CHAR_START: window.start,
             semconv.CHECKPOINT_CHAR_END: window.end,
@@ -635,8 +641,10 @@ class GuardSession:
 
     def _start_regeneration(self, v: Verdict) -> None:
         self._verdict = "regenerated"
-        keep = self._good_end
         text = self._windows.text()
+        keep = self._good_end
+        while keep > 0 and text[keep - 1].isspace():
+            keep -= 1  # the continuation brings its own separator
         shown = len(text)
         if self.hold_back:
             # nothing past the last released window was shown, and what was not shown is not kept either

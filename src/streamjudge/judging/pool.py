@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics
@@ -27,6 +27,9 @@ from streamjudge._fork import after_fork_in_child
 from streamjudge._redact import redact
 from streamjudge.judging.base import EvalInput, Judge, JudgeResult, Score, TransientJudgeError
 from streamjudge.results import JobOutcome, JobStatus
+
+if TYPE_CHECKING:
+    from streamjudge.config import Settings
 
 __all__ = ["JobOutcome", "JobStatus", "JudgeJob", "JudgePool"]
 
@@ -133,6 +136,29 @@ class JudgePool:
         self._init_state()
         # a forked worker must not share the parent's loop thread, queue or locks
         after_fork_in_child(self, JudgePool._init_state)
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, meter_provider: metrics.MeterProvider | None = None, *, in_app: bool = True
+    ) -> JudgePool:
+        """A pool configured by ``settings``. ``in_app=False`` is for a process that does nothing but judge
+        (``streamjudge worker``): whole answers of many streams, so no per-stream budget, and no CPU cap
+        against an application it does not share a GIL with."""
+        return cls(
+            concurrency=settings.concurrency,
+            queue_size=settings.queue_size,
+            timeout_s=settings.judge_timeout_s,
+            max_retries=settings.max_retries,
+            backoff_s=settings.retry_backoff_s,
+            sample_rate=settings.sample_rate,
+            per_stream_budget=settings.per_stream_budget if in_app else 0,
+            global_budget_per_minute=settings.global_budget_per_minute,
+            max_queue_wait_s=settings.hold_timeout_s,
+            max_queue_bytes=settings.max_queue_chars,
+            cpu_share=settings.judge_cpu_share if in_app else 0.0,
+            linger_s=settings.judge_linger_s if in_app else 0.0,
+            meter_provider=meter_provider,
+        )
 
     # --- state ---------------------------------------------------------------------------------
 

@@ -314,6 +314,13 @@ class JudgeSpanProcessor(SpanProcessor):
         extra[semconv.EVAL_LATENCY_MS] = round(outcome.latency_s * 1000, 3)
         result = outcome.result
         if result is None:
+            # a failed evaluation still says so in the evaluation vocabulary, one event per metric asked
+            if outcome.status not in ("skipped", "sampled_out", "superseded"):
+                for metric in request.metrics:
+                    events.append(Event(semconv.EVENT_EVALUATION_RESULT, {
+                        semconv.GEN_AI_EVALUATION_NAME: metric,
+                        semconv.ERROR_TYPE: outcome.status,
+                    }, now))
             return extra, events
         extra[semconv.EVAL_JUDGE] = result.judge
         usage = result.usage
@@ -360,7 +367,9 @@ class JudgeSpanProcessor(SpanProcessor):
         for s in scores:
             if s.value is None:
                 continue
-            labels = {semconv.METRIC_ATTR_EVALUATION: s.name, semconv.SPAN_TYPE: kind}
+            # the span type as on the spans (the collector's metrics use it too); what was judged beside it
+            labels = {semconv.METRIC_ATTR_EVALUATION: s.name, semconv.SPAN_TYPE: _KIND_SPAN_TYPE[kind],
+                      semconv.EVAL_KIND: kind}
             self._m_score.record(s.value, labels)
             if s.label == "fail":
                 self._m_alerts.add(1, labels)
@@ -394,6 +403,7 @@ class JudgeSpanProcessor(SpanProcessor):
         parent = trace.set_span_in_context(trace.NonRecordingSpan(ctx))
         attributes: dict[str, AttributeValue] = {
             semconv.SPAN_TYPE: semconv.SPAN_TYPE_EVALUATOR,
+            semconv.OPENINFERENCE_SPAN_KIND: semconv.OPENINFERENCE_KIND_EVALUATOR,
             semconv.GEN_AI_OPERATION_NAME: "evaluate",
             semconv.EVAL_TARGET_TRACE_ID: format(ctx.trace_id, "032x"),
             semconv.EVAL_TARGET_SPAN_ID: format(ctx.span_id, "016x"),

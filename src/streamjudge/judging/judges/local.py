@@ -64,6 +64,8 @@ _MAX_REASON = 200
 # a sentence that opens with a pronoun is tied to the first clause of the sentence before it (the
 # prefix's last sentence for a checkpoint's first sentence); only this much of the prefix is read
 _PREFIX_TAIL = 400
+# at most this many sentences back for the subject of a chain of pronoun sentences
+_CHAIN_SENTENCES = 4
 
 _REFUSAL_RE = re.compile(
     r"\b(?:i (?:do not|don't|cannot|can't|am unable to|'m unable to|am not able to|'m not able to)"
@@ -202,22 +204,39 @@ def _subject(sentence: str) -> frozenset[str]:
     return fact_keys(analyze(piece, start))
 
 
+def _chain(prefix: str) -> list[frozenset[str]]:
+    """The subjects a pronoun at the start of the judged text may refer to, from the prefix's tail: its last
+    sentence, and the ones before it while they open with a pronoun too."""
+    if not prefix.strip():
+        return []
+    tail = sentences(normalize(prefix[-_PREFIX_TAIL:]))
+    out: list[frozenset[str]] = []
+    for sent in reversed(tail[-_CHAIN_SENTENCES:]):
+        out.append(_subject(sent.text))
+        if not PRONOUN_RE.match(sent.text):
+            break
+    return out
+
+
 def _claims_score(name: str, index: ContextIndex, text: str, *, what: str, prefix: str = "") -> Score:
     checked = supported = 0
     listed: list[tuple[str, ClaimVerdict]] = []
     per_sentence: list[SentenceScore] = []
-    before: str | None = None  # the sentence before the one being judged, when it is known
+    # what a leading pronoun may stand for: the subjects of the sentences before it, back to the last one
+    # that names its subject ("The tower is in Paris. It opened in 1889. It is 330 m tall.": the third "it"
+    # is still the tower); read from the prefix for a checkpoint's first sentence
+    chain: list[frozenset[str]] | None = None
     for start, end, span in sentence_ranges(text):
         norm = Span(normalize(span.text), span.terminated, span.sentence_start)
         antecedent: frozenset[str] = frozenset()
-        if PRONOUN_RE.match(norm.text):
-            if before is None and prefix.strip():
-                tail = sentences(normalize(prefix[-_PREFIX_TAIL:]))
-                before = tail[-1].text if tail else None
-            if before is not None:
-                antecedent = _subject(before)
+        opens_with_pronoun = bool(PRONOUN_RE.match(norm.text))
+        if opens_with_pronoun:
+            if chain is None:
+                chain = _chain(prefix)
+            antecedent = frozenset().union(*chain)
         verdicts = index.verify_sentence(norm, antecedent)
-        before = norm.text
+        subject = _subject(norm.text)
+        chain = [*(chain or []), subject] if opens_with_pronoun else [subject]
         s_checked = s_supported = 0
         reasons: list[str] = []
         for claim, verdict in verdicts:

@@ -1,0 +1,364 @@
+"""The model tap: the guard sits between the answer node's chat model and the node.
+
+Zero-code apps never hand their token iterator to streamjudge, so the guard goes where the tokens are
+born: ``_astream`` of the chat model class (``BaseChatModel.astream``, ``ainvoke`` with a streaming
+handler, LangGraph's ``messages`` stream and ``astream_events`` all iterate it). The callback handler arms
+the tap in ``on_chat_model_start`` for answer runs only (see ``_langgraph``); the next ``_astream`` call in
+the same task takes it. Everything the app sees of the model's output then passes through the guard:
+
+- stream-first: each chunk goes on as it arrives; the guard's warnings / retractions go to the client
+  events (when switched on);
+- hold-back: text chunks reach the node only once their window passed (released text is re-chunked at
+  window boundaries; chunks without text — role, tool calls, usage — keep their order relative to it);
+- stop: the node receives the fallback message as the model's last chunk and the model's stream is
+  closed;
+- regenerate: the same model is re-prompted (the original messages, the accepted prefix as the
+  assistant's turn so far, the stick-to-context instruction with the contexts) and its continuation flows
+  into the same output; with hold-back the node never sees the rejected text.
+
+``_astream`` is wrapped lazily, on the class that defines it, the first time a model of that class is
+called (subclasses override it, so wrapping ``BaseChatModel`` alone would miss them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from wrapt import wrap_function_wrapper
+
+from streamjudge.instrumentation._binding import StreamBinding
+
+if TYPE_CHECKING:
+    from streamjudge.judging.guard import GuardSession, RegenerateRequest, StreamEvent
+
+_log = logging.getLogger(__name__)
+
+#: the answer stream the next ``_astream`` call in this task feeds (set by ``on_chat_model_start``)
+_armed: contextvars.ContextVar[StreamBinding | None] = contextvars.ContextVar("streamjudge_tap", default=None)
+
+_CLIENT_EVENTS = frozenset({"warning", "retract", "stop"})
+
+
+def arm(binding: StreamBinding | None) -> None:
+    """The chat-model run starting now feeds ``binding`` (None: it is not an answer run)."""
+    if binding is not None or _armed.get() is not None:
+        _armed.set(binding)
+
+
+class ModelPatcher:
+    """Wraps ``_astream`` on each chat model class the first time one of its models runs."""
+
+    def __init__(self) -> None:
+        self.patched: list[tuple[Any, str]] = []
+        self._seen: set[type] = set()
+
+    def ensure(self, cls: type) -> None:
+        if cls in self._seen:
+            return
+        self._seen.add(cls)
+        for owner in cls.__mro__:
+            if "_astream" in vars(owner):
+                if not hasattr(vars(owner)["_astream"], "__wrapped__"):
+                    wrap_function_wrapper(owner, "_astream", astream_wrapper)
+                    self.patched.append((owner, "_astream"))
+                return
+
+    def caller_wrapper(self, wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+        """Around ``astream`` / ``_agenerate_with_cache``: make sure the model's class is tapped.
+
+        An answer call that would not stream (``ainvoke`` without a streaming handler) is asked to when
+        the guard has to act on it (hold-back, stop, regenerate): the node still receives one message,
+        the aggregate of what the guard released.
+        """
+        try:
+            self.ensure(type(instance))
+            if (
+                wrapped.__name__ == "_agenerate_with_cache"
+                and "stream" not in kwargs
+                and _armed.get() is not None
+                and _acts()
+                and _streams(type(instance))
+            ):
+                kwargs = {**kwargs, "stream": True}
+        except Exception:  # never break the app's model call
+            _log.debug("streamjudge: could not tap %r", type(instance), exc_info=True)
+        return wrapped(*args, **kwargs)
+
+
+def _acts() -> bool:
+    from streamjudge.runtime import current_runtime
+
+    rt = current_runtime()
+    return rt is not None and (rt.settings.mode == "hold_back" or rt.settings.action != "flag")
+
+
+def _streams(cls: type) -> bool:
+    from langchain_core.language_models.chat_models import BaseChatModel
+
+    return getattr(cls, "_astream", None) is not getattr(BaseChatModel, "_astream", None) or (
+        getattr(cls, "_stream", None) is not getattr(BaseChatModel, "_stream", None))
+
+
+def astream_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    binding = _armed.get()
+    if binding is None:
+        return wrapped(*args, **kwargs)
+    _armed.set(None)  # one model call takes it (a super()._astream inside is not tapped twice)
+    if binding.closed or binding.driver is not None or binding.source not in (None, "graph"):
+        return wrapped(*args, **kwargs)
+    return _Tap(binding, wrapped, args, kwargs).run()
+
+
+def chunk_text(chunk: Any) -> str:
+    """The answer text of a ``ChatGenerationChunk`` (content blocks joined; tool-call chunks have none)."""
+    message = getattr(chunk, "message", None)
+    content = getattr(message, "content", None)
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(b if isinstance(b, str) else str(b.get("text", "")) for b in content
+                       if isinstance(b, str) or (isinstance(b, dict) and b.get("type") == "text"))
+    return ""
+
+
+def _text_chunk(text: str, like: Any) -> Any:
+    from langchain_core.messages import AIMessageChunk
+    from langchain_core.outputs import ChatGenerationChunk
+
+    msg_id = getattr(getattr(like, "message", None), "id", None)
+    return ChatGenerationChunk(message=AIMessageChunk(content=text, id=msg_id))
+
+
+def reprompt(messages: Sequence[Any], req: RegenerateRequest) -> list[Any]:
+    """The original conversation, the accepted prefix as the answer so far, and the instruction."""
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    out = list(messages)
+    context = "\n\n".join(f"[{i + 1}] {c}" for i, c in enumerate(req.contexts))
+    ask = f"{req.instruction}\n\nContext:\n{context}" if context else req.instruction
+    if req.accepted_prefix:
+        out.append(AIMessage(content=req.accepted_prefix))
+        ask += "\n\nContinue the answer right after the text you already wrote; do not repeat it."
+    out.append(HumanMessage(content=ask))
+    return out
+
+
+class _Tap:
+    """Drives one answer stream's guard session over one chat-model stream."""
+
+    def __init__(self, binding: StreamBinding, wrapped: Callable[..., Any], args: Any, kwargs: Any) -> None:
+        self.binding = binding
+        self.wrapped = wrapped
+        self.args = args
+        self.kwargs = kwargs
+        self.session: GuardSession | None = None
+        self.accepted: list[str] = []  # the answer text since the last regeneration's prefix
+        self.released = 0  # chars of it the node received
+        self.like: Any = None  # a chunk of this model, for re-chunked text
+        self._woke: asyncio.Event | None = None
+
+    def _regenerate(self, req: RegenerateRequest) -> AsyncIterator[Any]:
+        args, kwargs = self.args, dict(self.kwargs)
+        if args:
+            messages = args[0]
+            args = (reprompt(messages, req), *args[1:])
+        else:
+            kwargs["messages"] = reprompt(kwargs["messages"], req)
+        return self.wrapped(*args, **kwargs)  # type: ignore[no-any-return]
+
+    async def run(self) -> AsyncIterator[Any]:
+        binding = self.binding
+        binding.driver = self
+        binding.source = "graph"
+        binding.regenerate = self._regenerate
+        source: AsyncIterator[Any] = aiter(self.wrapped(*self.args, **self.kwargs))
+        loop = asyncio.get_running_loop()
+        woke = self._woke = asyncio.Event()
+
+        def notify() -> None:
+            with contextlib.suppress(RuntimeError):  # loop closed: nobody waits any more
+                loop.call_soon_threadsafe(woke.set)
+
+        meta: list[Any] = []  # text-less chunks that arrived while text was held
+        nxt: asyncio.Future[Any] | None = None
+        ok = False
+        try:
+            while True:
+                s = self.session
+                if s is not None and s.has_events:
+                    for out in self._apply(s.drain()):
+                        yield out
+                    if s.stopped:
+                        break
+                    if s.regen_request is not None:
+                        if nxt is not None:
+                            nxt.cancel()
+                            nxt = None
+                        await _aclose(source)
+                        source = self._begin_regeneration(s)
+                        continue
+                try:
+                    if nxt is None and not (s is not None and s.hold_back and s.outstanding):
+                        chunk = await anext(source)
+                    else:
+                        # text held while verdicts are in flight: race the next chunk against them
+                        if nxt is None:
+                            nxt = asyncio.ensure_future(anext(source))
+                        woke.clear()
+                        if s is not None and not s.has_events and s.outstanding:
+                            waiter = asyncio.ensure_future(woke.wait())
+                            try:
+                                await asyncio.wait({nxt, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                            finally:
+                                waiter.cancel()
+                        else:
+                            await asyncio.wait({nxt})
+                        if not nxt.done():
+                            continue
+                        fut, nxt = nxt, None
+                        chunk = fut.result()
+                except StopAsyncIteration:
+                    if s is None or not self._waits(s):
+                        break
+                    # the model is done: the last window is judged before the node gets the rest
+                    s.close_tail()
+                    switched = False
+                    deadline = loop.time() + s.settings.end_wait_s
+                    while not s.stopped:
+                        if s.has_events:
+                            for out in self._apply(s.drain()):
+                                yield out
+                            if s.regen_request is not None:
+                                source = self._begin_regeneration(s)
+                                switched = True
+                                break
+                            continue
+                        remaining = deadline - loop.time()
+                        if not s.outstanding or remaining <= 0:
+                            break
+                        woke.clear()
+                        if not s.has_events:
+                            with contextlib.suppress(TimeoutError):
+                                await asyncio.wait_for(woke.wait(), remaining)
+                    if switched:
+                        continue
+                    break
+                text = chunk_text(chunk)
+                if not text:
+                    if s is not None and s.hold_back and self._held():
+                        meta.append(chunk)
+                    else:
+                        yield chunk
+                    continue
+                if self.like is None:
+                    self.like = chunk
+                if s is None:
+                    s = self._open(notify)
+                    if s.span is None or not s.span.is_recording():
+                        # unsampled: no verdict will ever come, so the guard stays out of the way
+                        yield chunk
+                        async for rest in source:
+                            yield rest
+                        ok = True
+                        return
+                    if s.preflight_pending:
+                        await self._wait_preflight(s)
+                    for out in self._apply(s.drain()) if s.has_events else ():
+                        yield out
+                    if s.stopped:
+                        break
+                if s.accept(text) is None:
+                    continue
+                self.accepted.append(text)
+                if not s.hold_back:
+                    self.released += len(text)
+                    yield chunk
+            s = self.session
+            if s is not None and s.hold_back and not s.stopped:
+                rest = "".join(self.accepted)[self.released:]
+                if rest:  # not judged in time: released fail-open (the span says why)
+                    self.released += len(rest)
+                    yield _text_chunk(rest, self.like)
+            for c in meta:
+                yield c
+            ok = True
+        finally:
+            if nxt is not None:
+                nxt.cancel()
+            if not ok or (self.session is not None and self.session.stopped):
+                await _aclose(source)
+            if self.session is not None:
+                self.session.set_notify(None)
+            binding.driver = None
+            binding.regenerate = None
+
+    # --- helpers -------------------------------------------------------------------------------------
+    def _open(self, notify: Callable[[], None]) -> GuardSession:
+        s = self.binding.ensure_session()
+        self.session = s
+        s.set_notify(notify)
+        return s
+
+    def _held(self) -> bool:
+        return self.released < sum(map(len, self.accepted))
+
+    def _waits(self, s: GuardSession) -> bool:
+        # hold-back must see its last window judged; stop / regenerate can only act while the model's
+        # stream is open; a graph run without a server has nobody else to wait for its verdicts
+        return s.hold_back or s.settings.action != "flag" or self.binding.owner == "graph"
+
+    async def _wait_preflight(self, s: GuardSession) -> None:
+        woke = self._woke
+        assert woke is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + s.settings.preflight_wait_s
+        while s.preflight_pending and loop.time() < deadline:
+            woke.clear()
+            if s.has_events:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woke.wait(), deadline - loop.time())
+
+    def _apply(self, events: list[StreamEvent]) -> list[Any]:
+        """Chunks for the node (released text, the fallback); client events go to the wrapper."""
+        out: list[Any] = []
+        client: list[StreamEvent] = []
+        for ev in events:
+            kind = ev.type
+            if kind == "token":
+                if ev.text:
+                    self.released += len(ev.text)
+                    out.append(_text_chunk(ev.text, self.like))
+            elif kind in _CLIENT_EVENTS:
+                client.append(ev)
+                if kind == "stop" and ev.text:
+                    shown = "".join(self.accepted)[: self.released]
+                    sep = " " if shown and not shown[-1].isspace() else ""
+                    out.append(_text_chunk(sep + ev.text, self.like))
+        if client:
+            self.binding.post(client)
+        return out
+
+    def _begin_regeneration(self, s: GuardSession) -> AsyncIterator[Any]:
+        req = s.begin_regeneration()
+        self.accepted = [req.accepted_prefix] if req.accepted_prefix else []
+        if s.hold_back:
+            self.released = len(req.accepted_prefix)  # the rejected window was never released
+        else:
+            self.released = sum(map(len, self.accepted))
+        return aiter(s.open_regeneration(req))  # type: ignore[arg-type]
+
+
+
+async def _aclose(source: AsyncIterator[Any]) -> None:
+    close = getattr(source, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception:
+            _log.debug("streamjudge: closing the model stream failed", exc_info=True)

@@ -1,0 +1,76 @@
+"""``streamjudge worker`` on the command line: options, signals, a ready line and a stop line on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+_DEFAULTS = {"http": "127.0.0.1:4318", "grpc": "127.0.0.1:4317"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The worker's options (judging itself follows the STREAMJUDGE_* / EVAL_* settings)."""
+    p.add_argument("--http", default=_DEFAULTS["http"],
+                   help="OTLP/HTTP listen address host:port, or 'none' (default %(default)s)")
+    p.add_argument("--grpc", default=_DEFAULTS["grpc"],
+                   help="OTLP/gRPC listen address host:port, or 'none' (default %(default)s)")
+    p.add_argument("--max-spans", type=int, default=100_000,
+                   help="spans held across traces before the oldest trace leaves as it is")
+    p.add_argument("--max-bytes", type=int, default=256 * 1024 * 1024,
+                   help="encoded span bytes held, likewise")
+    p.add_argument("--decision-wait", type=float, default=30.0,
+                   help="seconds a trace waits for its deferred answer span (default %(default)s)")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="on SIGTERM: seconds to flush held traces and finish or mark judgements")
+
+
+def _endpoint(raw: str) -> str | None:
+    return None if raw.strip().lower() in ("", "none", "off") else raw.strip()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT, then shut down within the deadline."""
+    from streamjudge.config import ConfigError, load_settings
+    from streamjudge.worker.worker import Worker, WorkerOptions, otlp_metric_readers
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings()
+        options = WorkerOptions(
+            http_endpoint=_endpoint(args.http), grpc_endpoint=_endpoint(args.grpc),
+            max_spans=args.max_spans, max_bytes=args.max_bytes, decision_wait_s=args.decision_wait,
+            shutdown_timeout_s=args.shutdown_timeout,
+        )
+        worker = Worker(settings, options, metric_readers=otlp_metric_readers())
+    except (ConfigError, ValueError) as exc:
+        print(f"streamjudge worker: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    # before the receivers: once /healthz answers, a SIGTERM must reach the drain, not the default action
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        worker.start()
+    except OSError as exc:
+        print(f"streamjudge worker: cannot listen: {exc}", file=sys.stderr)
+        return 2
+    _say({"event": "ready", "http_port": worker.http_port, "grpc_port": worker.grpc_port,
+          "judge": settings.judge})
+    while not stop.wait(1.0):
+        pass
+    summary = worker.shutdown()
+    _say({"event": "stopped", **summary, "answers": worker.answer_counts()})
+    return 0
+
+
+def _say(payload: dict[str, Any]) -> None:
+    print(json.dumps(payload), flush=True)
