@@ -47,3 +47,12 @@ bench: install
 
 clean-venv:
 	rm -rf $(VENV)
+
+# the example app left running under opentelemetry-instrument with a trace viewer (Jaeger, or VIEWER=phoenix);
+# prints the app's page and the viewer's address, Ctrl-C stops both (after the mk/*.mk include: it needs
+# their JAEGER_BIN / PHOENIX_STAMP)
+VIEWER ?= jaeger
+.PHONY: demo-ui
+demo-ui: install $(if $(filter phoenix,$(VIEWER)),$(PHOENIX_STAMP),$(JAEGER_BIN))
+	$(BIN)/python -m streamjudge._demo_ui --viewer $(VIEWER) \
+	  $(if $(filter phoenix,$(VIEWER)),--phoenix-python $(PHOENIX_VENV)/bin/python,--jaeger $(JAEGER_BIN))

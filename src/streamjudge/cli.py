@@ -1,4 +1,4 @@
-"""The ``streamjudge`` command: ``replay``, ``calibrate`` and ``demo``.
+"""The ``streamjudge`` command: replay, calibrate, cases-from-trace, golden, demo and worker.
 
 Exit status: 0 when every expectation held, 1 when one did not (or balanced accuracy is below
 ``--fail-under``), 2 when the input or a setting cannot be used (the message says which and how to fix it).
@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from streamjudge import semconv
 from streamjudge._version import __version__
 from streamjudge.config import ConfigError, Settings, load_settings, parse_judge_name
 
@@ -73,7 +74,10 @@ def _load(args: argparse.Namespace) -> list[ReplayCase]:
 class _Progress:
     """``[done/total]`` on stderr, redrawn in place; only when stderr is a terminal."""
 
-    def __init__(self, total: int, stream: TextIO) -> None:
+    def __init__(
+        self, total: int, stream: TextIO, what: str = "replaying: {done}/{total} cases done"
+    ) -> None:
+        self.what = what
         self.total = total
         self.done = 0
         self.stream = stream
@@ -86,7 +90,7 @@ class _Progress:
 
     def draw(self) -> None:
         if self.on and self.done < self.total:
-            self.stream.write(f"\rreplaying: {self.done}/{self.total} cases done")
+            self.stream.write("\r" + self.what.format(done=self.done, total=self.total))
             self.stream.flush()
 
     def step(self, emit: Callable[[], None]) -> None:
@@ -263,6 +267,148 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cases_from_trace(args: argparse.Namespace) -> int:
+    from streamjudge.offline.from_trace import TraceFormatError, case_json, cases_from_files
+
+    try:
+        found = list(cases_from_files(args.traces))
+    except FileNotFoundError as exc:
+        raise _Exit(f"{exc.filename}: no such file") from None
+    except (OSError, TraceFormatError) as exc:
+        raise _Exit(str(exc)) from None
+    if args.trace_id:
+        wanted = {t.lower() for t in args.trace_id}
+        found = [e for e in found if e.trace_id in wanted]
+    cases = [e for e in found if e.case is not None]
+    for e in found:
+        if e.case is None:
+            print(f"streamjudge cases-from-trace: trace {e.trace_id} span {e.span_id}: skipped, {e.skipped}",
+                  file=sys.stderr)
+        else:
+            print(f"streamjudge cases-from-trace: {e.case.id}: {len(e.case.contexts)} context(s) from "
+                  f"{e.contexts_from}; expect_alert={json.dumps(e.case.expect_alert)} ({'; '.join(e.notes)})",
+                  file=sys.stderr)
+    if not cases:
+        where = " with the given --trace-id" if args.trace_id else ""
+        raise _Exit(
+            f"no answer span{where} to make a case of in {', '.join(args.traces)} (answer spans have "
+            f"streamjudge.span.type=stream and need the answer text: record with content capture on)"
+        )
+    lines = [json.dumps(case_json(e.case), ensure_ascii=False) for e in cases if e.case is not None]
+    if args.output in (None, "-"):
+        for line in lines:
+            print(line)
+    else:
+        Path(args.output).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        print(f"streamjudge cases-from-trace: wrote {len(lines)} case(s) to {args.output} "
+              f"(streamjudge replay {args.output})", file=sys.stderr)
+    return 0
+
+
+_GOLDEN_SHORT = {semconv.FAITHFULNESS: "faith", semconv.CONTEXT_RECALL: "recall",
+                 semconv.CONTEXT_PRECISION: "precis", semconv.ANSWER_RELEVANCY: "relev"}
+
+
+def _short(metric: str) -> str:
+    return _GOLDEN_SHORT.get(metric, metric[:6])
+
+
+def _fmt(v: Any, sign: bool = False) -> str:
+    if not isinstance(v, int | float):
+        return "-"
+    return f"{v:+.2f}" if sign else f"{v:.2f}"
+
+
+def _golden(args: argparse.Namespace) -> int:
+    from streamjudge.offline import golden
+
+    if args.compare:
+        return _golden_compare(args)
+    if args.file is None or args.app is None:
+        raise _Exit("give a golden FILE and --app module:build_graph (or --compare A.json B.json)")
+    try:
+        items = golden.load_golden(args.file)
+    except FileNotFoundError:
+        raise _Exit(f"{args.file}: no such file") from None
+    except golden.GoldenError as exc:
+        raise _Exit(str(exc)) from None
+    metrics = tuple(args.metrics.split(",")) if args.metrics else golden.DEFAULT_METRICS
+    settings = _settings(args)
+    final_judge, _ = _judges(settings, _judge_source(args))
+    try:
+        factory = golden.load_factory(args.app)
+    except golden.GoldenError as exc:
+        raise _Exit(str(exc)) from None
+    print(f"streamjudge golden: {len(items)} items through {args.app}, judge={settings.judge}, "
+          f"metrics={','.join(metrics)}", file=sys.stderr)
+    try:
+        config = json.loads(args.config) if args.config else None
+    except ValueError as exc:
+        raise _Exit(f"--config: not valid JSON ({exc})") from None
+    if config is not None and not isinstance(config, dict):
+        raise _Exit("--config: expected a JSON object (a RunnableConfig)")
+    run = golden.GoldenRun(settings, input_key=args.input_key, answer_key=args.answer_key,
+                           contexts_key=args.contexts_key, metrics=metrics, concurrency=args.concurrency,
+                           config=config)
+    progress = _Progress(len(items), sys.stderr, "golden: {done}/{total} items done")
+    progress.draw()
+    try:
+        results = golden.run_golden(items, factory, run, judge=final_judge,
+                                    on_result=lambda _r: progress.step(lambda: None))
+    except golden.GoldenError as exc:
+        raise _Exit(str(exc)) from None
+    finally:
+        progress.clear()
+    head = ["id", "tag", *(_short(m) for m in metrics), "answer"]
+    row = "{:<14} {:<10} " + " ".join("{:>6}" for _ in metrics) + "  {}"
+    print(row.format(*head))
+    for r in results:
+        tail = f"ERROR {r.error}" if r.error else _cut(r.answer, 60)
+        print(row.format(r.item.id[:14], (r.item.tag or "-")[:10], *(_fmt(r.scores.get(m)) for m in metrics),
+                         tail))
+    summary = golden.summarise(results, metrics)
+    print("{:<14} {:<10} ".format("mean", "") + " ".join(
+        f"{_fmt(summary['metrics'][m]['mean']):>6}" for m in metrics))
+    for tag, stats in summary["by_tag"].items():
+        print("{:<14} {:<10} ".format("  tag", tag[:10]) + " ".join(
+            f"{_fmt(stats[m]['mean']):>6}" for m in metrics))
+    print(f"\n{len(results)} items, {summary['errors']} errors (judge={settings.judge}, "
+          f"threshold={settings.threshold})")
+    if args.json:
+        out = golden.write_json(args.json, results, metrics=metrics, app=args.app, golden=str(args.file),
+                                judge=settings.judge)
+        print(f"streamjudge golden: wrote {out}", file=sys.stderr)
+    return 1 if summary["errors"] else 0
+
+
+def _golden_compare(args: argparse.Namespace) -> int:
+    from streamjudge.offline import golden
+
+    path_a, path_b = args.compare
+    try:
+        c = golden.compare(golden.read_run(path_a), golden.read_run(path_b))
+    except golden.GoldenError as exc:
+        raise _Exit(str(exc)) from None
+    print(f"{'metric':<20} {'A':>6} {'B':>6} {'B-A':>6}")
+    for m in c.metrics:
+        a, b, d = c.means[m]
+        print(f"{m:<20} {_fmt(a):>6} {_fmt(b):>6} {_fmt(d, sign=True):>6}")
+    if c.items:
+        print("\nper item (B-A): " + " ".join(f"{_short(m):>6}" for m in c.metrics))
+        for key, deltas in c.items.items():
+            print(f"  {key[:14]:<14} " + " ".join(f"{_fmt(deltas[m][2], sign=True):>6}" for m in c.metrics))
+    for side, keys in (("A", c.only_a), ("B", c.only_b)):
+        if keys:
+            print(f"only in {side}: {', '.join(keys)}")
+    chart = Path(args.chart or "streamjudge-golden-compare.png")
+    if golden.write_compare_chart(c, chart, (Path(path_a).stem, Path(path_b).stem)) is None:
+        print("streamjudge golden: no chart (matplotlib is not installed; pip install matplotlib to get one)",
+              file=sys.stderr)
+    else:
+        print(f"streamjudge golden: wrote {chart}", file=sys.stderr)
+    return 0
+
+
 def _demo(argv: list[str]) -> int:
     from streamjudge import demo
 
@@ -287,7 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``streamjudge`` command."""
     parser = argparse.ArgumentParser(prog="streamjudge", description="Live judging of streamed RAG answers.")
     parser.add_argument("--version", action="version", version=f"streamjudge {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{replay,calibrate,demo}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{replay,calibrate,cases-from-trace,golden,demo,worker}")
 
     def judge_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--judge", default=None,
@@ -318,6 +465,44 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--chart", default=None,
                     help="where to write the PNG chart (default: the CSV's path with .png; needs matplotlib)")
     cp.set_defaults(func=_calibrate)
+
+    gp = sub.add_parser("golden", help="run a golden set through the app's own LangGraph graph and score it")
+    gp.add_argument("file", nargs="?", default=None,
+                    help="JSON Lines (or a JSON array): question, reference (expected answer), optional "
+                         "id, tag")
+    gp.add_argument("--app", default=None, metavar="MODULE:FACTORY",
+                    help="the graph factory, module:build_graph or path/to/file.py:build_graph")
+    judge_options(gp)
+    gp.add_argument("--input-key", default="question", help="the state key the graph reads the question from "
+                    "(default question)")
+    gp.add_argument("--answer-key", default=None,
+                    help="the final state's key holding the answer (default: answer, generation, response, "
+                         "output, or the last message)")
+    gp.add_argument("--contexts-key", default=None,
+                    help="the final state's key holding the contexts (default: what streamjudge's "
+                         "instrumentation registered for the run, as the live judge sees them)")
+    gp.add_argument("--metrics", default=None,
+                    help="comma separated (default faithfulness,context_recall,context_precision)")
+    gp.add_argument("--config", default=None, metavar="JSON",
+                    help="the RunnableConfig passed to ainvoke, e.g. "
+                         "'{\"configurable\": {\"hallucinate\": true}}'")
+    gp.add_argument("--json", default=None, metavar="OUT", help="write the run as JSON (for --compare)")
+    gp.add_argument("--compare", nargs=2, default=None, metavar=("A.json", "B.json"),
+                    help="print the per-metric and per-item deltas B-A of two runs (and a PNG chart)")
+    gp.add_argument("--chart", default=None,
+                    help="--compare: where to write the chart (default ./streamjudge-golden-compare.png)")
+    gp.set_defaults(func=_golden)
+
+    tp = sub.add_parser("cases-from-trace",
+                        help="turn recorded traces (OTLP JSON or Jaeger JSON) into replay cases")
+    tp.add_argument("traces", nargs="+", metavar="TRACE.json",
+                    help="OTLP JSON (the collector's file exporter: one export request per line) or Jaeger "
+                         "JSON (/api/traces/ID)")
+    tp.add_argument("-o", "--output", default=None,
+                    help="JSON Lines file for the cases (default: standard output)")
+    tp.add_argument("--trace-id", action="append", default=None, metavar="ID",
+                    help="only this trace (32 hex digits; repeatable)")
+    tp.set_defaults(func=_cases_from_trace)
 
     # options after `demo` belong to the demo (streamjudge demo --help lists them)
     sub.add_parser("demo", add_help=False,

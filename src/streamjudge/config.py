@@ -169,7 +169,8 @@ class Settings:
     max_judge_input_chars: int = 2_000_000
     # text queued for judging across all streams, in chars (a bound by size, beside the count bound)
     max_queue_chars: int = 64_000_000
-    # content capture: off -> spans carry length + sha256 instead of the text
+    # content capture: off -> spans carry length + sha256 instead of the text. Unset, it follows
+    # OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT (the GenAI instrumentations' switch) when that is set
     capture_content: bool = True
     # texts on spans are capped (head … tail) so a runaway answer cannot blow up exporter memory
     max_text_attribute_chars: int = 16_384
@@ -389,6 +390,41 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
 }
 
 
+#: the OpenTelemetry GenAI instrumentations' content switch: the default of ``capture_content``
+GENAI_CAPTURE_VAR = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+# its values: a boolean (older instrumentations) or a content mode (opentelemetry-util-genai). streamjudge
+# records content on spans, so a mode without spans (EVENT_ONLY) means no content on ours
+_GENAI_CAPTURE_ON = frozenset({"true", "1", "yes", "on", "span_only", "span_and_event"})
+_GENAI_CAPTURE_OFF = frozenset({"false", "0", "no", "off", "no_content", "event_only"})
+
+
+def capture_content_default(env: Mapping[str, str] | None = None) -> bool:
+    """Whether content is captured when ``STREAMJUDGE_CAPTURE_CONTENT`` is not set: what
+    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` says (true / SPAN_ONLY / SPAN_AND_EVENT: on;
+    false / NO_CONTENT / EVENT_ONLY: off), else on. A value it cannot read is warned about once."""
+    env = os.environ if env is None else env
+    raw = (env.get(GENAI_CAPTURE_VAR) or "").strip()
+    if not raw:
+        return True
+    if raw.lower() in _GENAI_CAPTURE_ON:
+        return True
+    if raw.lower() in _GENAI_CAPTURE_OFF:
+        return False
+    _warn_once(f"var:{GENAI_CAPTURE_VAR}", f"{GENAI_CAPTURE_VAR}={raw!r} is not true/false or NO_CONTENT, "
+               "SPAN_ONLY, EVENT_ONLY, SPAN_AND_EVENT: capturing content (set STREAMJUDGE_CAPTURE_CONTENT)")
+    return True
+
+
+def capture_content_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """``STREAMJUDGE_CAPTURE_CONTENT`` when set (an unreadable value counts as on, as for the default),
+    else :func:`capture_content_default`."""
+    env = os.environ if env is None else env
+    raw = (env.get(_PREFIX + "CAPTURE_CONTENT") or "").strip()
+    if not raw:
+        return capture_content_default(env)
+    return raw.lower() not in ("0", "false", "no", "off")
+
+
 def _llm_settings(env: Mapping[str, str], prefix: str, fallback: JudgeLLMSettings | None) -> JudgeLLMSettings:
     def get(name: str) -> str | None:
         v = env.get(f"{prefix}{name}")
@@ -514,6 +550,8 @@ def _from_env(
             errors.append(exc)
             continue
         raw_of[fname] = raw
+    if "capture_content" not in values and not env.get(_PREFIX + "CAPTURE_CONTENT"):
+        values["capture_content"] = capture_content_default(env)
     return values, raw_of
 
 

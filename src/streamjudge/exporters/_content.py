@@ -13,8 +13,9 @@ import os
 import re
 from collections.abc import Mapping
 
+from streamjudge.config import capture_content_from_env as _settings_policy
+
 ENV_CAPTURE_CONTENT = "STREAMJUDGE_CAPTURE_CONTENT"
-_OFF = frozenset({"0", "false", "no", "off"})
 
 # characters that open quoted text in explanations: ASCII and typographic quotes, backticks, guillemets
 _QUOTES = "'\"`\u2018\u2019\u201a\u201b\u201c\u201d\u201e\u201f\u00ab\u00bb\u2039\u203a"
@@ -40,6 +41,7 @@ def scrub_explanation(text: str | None, capture: bool) -> str | None:
 
 
 def capture_content_from_env(env: Mapping[str, str] | None = None) -> bool:
-    """``STREAMJUDGE_CAPTURE_CONTENT`` (default on), for sinks built from the environment."""
-    raw = (os.environ if env is None else env).get(ENV_CAPTURE_CONTENT, "")
-    return raw.strip().lower() not in _OFF
+    """``STREAMJUDGE_CAPTURE_CONTENT``, for sinks built from the environment; unset, the default of the
+    settings (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``, else on), so the sinks and the spans
+    follow one policy."""
+    return _settings_policy(os.environ if env is None else env)

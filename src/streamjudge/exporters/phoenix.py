@@ -9,7 +9,17 @@ annotation an upsert rather than a duplicate.
 
 Opt-in like Langfuse: the factories return ``None`` unless ``PHOENIX_COLLECTOR_ENDPOINT`` is set, or build
 for the loopback default (``http://127.0.0.1:6006``) when asked with ``require_env=False``.
-``PHOENIX_API_KEY``, when set, is sent as a bearer token.
+
+The variables ``phoenix.otel`` reads are honoured the same way:
+
+- ``PHOENIX_CLIENT_HEADERS``: headers for the span exporter and the annotation bridge, in the W3C-baggage
+  form of ``OTEL_EXPORTER_OTLP_HEADERS`` (``k=v,k2=v2``, values URL-encoded; names lower-cased);
+- ``PHOENIX_API_KEY``: ``authorization: Bearer <key>``, which wins over an ``authorization`` of the
+  client headers (as in ``phoenix.otel``);
+- ``PHOENIX_PROJECT_NAME`` (or ``PHOENIX_PROJECT``, which wins): the project, as the resource attribute
+  ``openinference.project.name`` on the spans streamjudge exports to Phoenix (only there: the app's other
+  exporters see its resource unchanged). Unset: the resource is left alone (Phoenix files the spans under
+  a project the resource names, else ``default``).
 """
 
 from __future__ import annotations
@@ -19,9 +29,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
-from opentelemetry.sdk.trace import SpanProcessor
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.util.re import parse_env_headers
 
+from streamjudge._redact import register_secret
 from streamjudge.exporters._bridge import BridgeSink, HttpBridge, JsonRequest, Secret, result_name
 from streamjudge.exporters._content import capture_content_from_env, scrub_explanation
 from streamjudge.exporters._counting import counting
@@ -33,6 +46,11 @@ OTLP_TRACES_PATH = "/v1/traces"
 SPAN_ANNOTATIONS_PATH = "/v1/span_annotations"
 ENV_ENDPOINT = "PHOENIX_COLLECTOR_ENDPOINT"
 ENV_API_KEY = "PHOENIX_API_KEY"
+ENV_CLIENT_HEADERS = "PHOENIX_CLIENT_HEADERS"
+ENV_PROJECT_NAME = "PHOENIX_PROJECT_NAME"
+ENV_PROJECT = "PHOENIX_PROJECT"  # newer phoenix.otel's canonical name; PHOENIX_PROJECT_NAME is its alias
+#: the resource attribute Phoenix files spans by (OpenInference's ``ResourceAttributes.PROJECT_NAME``)
+PROJECT_NAME_ATTRIBUTE = "openinference.project.name"
 
 #: judges that score with a language model; every other judge is deterministic code
 LLM_JUDGES = frozenset({"llm", "ragas", "deepeval", "openai", "anthropic"})
@@ -46,9 +64,63 @@ def phoenix_endpoint(env: Mapping[str, str]) -> str:
     return raw.removesuffix(OTLP_TRACES_PATH)
 
 
-def _auth(env: Mapping[str, str]) -> dict[str, str]:
+def phoenix_headers(env: Mapping[str, str]) -> dict[str, str]:
+    """``PHOENIX_CLIENT_HEADERS`` parsed as ``phoenix.otel`` parses it, plus ``PHOENIX_API_KEY`` (bearer)."""
+    headers = dict(parse_env_headers(env.get(ENV_CLIENT_HEADERS) or "", liberal=True))
+    for value in headers.values():
+        register_secret(value)  # header values are credentials more often than not: never in error texts
     key = (env.get(ENV_API_KEY) or "").strip()
-    return {"Authorization": f"Bearer {key}"} if key else {}
+    if key:
+        headers["authorization"] = f"Bearer {key}"
+    return headers
+
+
+def phoenix_project(env: Mapping[str, str]) -> str | None:
+    """The project named by ``PHOENIX_PROJECT`` or ``PHOENIX_PROJECT_NAME`` (None when neither is set)."""
+    for var in (ENV_PROJECT, ENV_PROJECT_NAME):
+        value = (env.get(var) or "").strip()
+        if value:
+            return value
+    return None
+
+
+class ProjectSpanExporter(SpanExporter):
+    """Exports spans with ``openinference.project.name`` merged into their resource.
+
+    The resource belongs to the tracer provider, shared by every exporter; the project is Phoenix's
+    concern, so it is added on the way to Phoenix only (one resource per source resource, cached).
+    """
+
+    def __init__(self, exporter: SpanExporter, project: str) -> None:
+        self.exporter = exporter
+        self.project = project
+        self._resources: dict[int, tuple[Resource, Resource]] = {}
+
+    def _resource(self, resource: Resource) -> Resource:
+        hit = self._resources.get(id(resource))
+        if hit is not None and hit[0] is resource:
+            return hit[1]
+        merged = resource.merge(Resource({PROJECT_NAME_ATTRIBUTE: self.project}))
+        if len(self._resources) > 64:  # providers are few; never grow without bound
+            self._resources.clear()
+        self._resources[id(resource)] = (resource, merged)
+        return merged
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.exporter.export([
+            ReadableSpan(
+                name=s.name, context=s.context, parent=s.parent, resource=self._resource(s.resource),
+                attributes=s.attributes, events=s.events, links=s.links, kind=s.kind, status=s.status,
+                start_time=s.start_time, end_time=s.end_time, instrumentation_scope=s.instrumentation_scope,
+            )
+            for s in spans
+        ])
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
 
 
 def phoenix_exporter_from_env(
@@ -62,9 +134,12 @@ def phoenix_exporter_from_env(
         return None
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    exporter = OTLPSpanExporter(
-        endpoint=phoenix_endpoint(env) + OTLP_TRACES_PATH, headers=_auth(env), timeout=timeout_s
+    exporter: SpanExporter = OTLPSpanExporter(
+        endpoint=phoenix_endpoint(env) + OTLP_TRACES_PATH, headers=phoenix_headers(env), timeout=timeout_s
     )
+    project = phoenix_project(env)
+    if project is not None:
+        exporter = ProjectSpanExporter(exporter, project)
     return counting(exporter, "phoenix")
 
 
@@ -123,17 +198,20 @@ class PhoenixAnnotationSink(BridgeSink):
         endpoint: str = DEFAULT_ENDPOINT,
         *,
         api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
         capture_content: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         **bridge_options: Any,
     ) -> None:
         self._capture = capture_content
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        sent = {k.lower(): v for k, v in (headers or {}).items()}
+        if api_key:
+            sent["authorization"] = f"Bearer {api_key}"
         self._bridge = HttpBridge(
             name="phoenix-annotations",
             base_url=endpoint.rstrip("/").removesuffix(OTLP_TRACES_PATH),
             build=self._build,
-            headers=Secret(headers),
+            headers=Secret(sent),
             transport=transport,
             **bridge_options,
         )
@@ -160,6 +238,7 @@ def phoenix_annotation_sink_from_env(
     if require_env and not env.get(ENV_ENDPOINT):
         return None
     options.setdefault("capture_content", capture_content_from_env(env))
+    options.setdefault("headers", phoenix_headers(env))
     return PhoenixAnnotationSink(
-        phoenix_endpoint(env), api_key=(env.get(ENV_API_KEY) or None), **options
+        phoenix_endpoint(env), api_key=(env.get(ENV_API_KEY) or "").strip() or None, **options
     )
