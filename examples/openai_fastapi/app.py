@@ -18,9 +18,8 @@ SSE frames: ``sources`` (the retrieved passages' ids), ``token`` (``{"token": ".
 ``retract``, ``stop`` (the guard's event data as JSON), then ``done``.
 
 Run as is, the app configures streamjudge itself. Under ``opentelemetry-instrument`` the runtime the
-configurator built is used, and streamjudge's body middleware is taken off this app
-(``uninstrument_app``): the app judges its stream with ``guard()``, the middleware would judge the same
-answer a second time.
+configurator built is used; the app judges its stream with ``guard()``, and streamjudge's zero-code
+wrappers step aside for an answer the app guards itself (it is judged once).
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
 import streamjudge
-from streamjudge.instrumentation import uninstrument_app
 
 CORPUS: dict[str, str] = {
     "eiffel": (
@@ -101,7 +99,6 @@ def create_app() -> FastAPI:
                 rt.shutdown()
 
     app = FastAPI(title="openai + fastapi example", lifespan=lifespan)
-    uninstrument_app(app)  # under opentelemetry-instrument: this app guards its stream itself
 
     async def tokens(messages: list[ChatCompletionMessageParam]) -> AsyncIterator[str]:
         stream = await client.chat.completions.create(model=model, messages=messages, stream=True)

@@ -28,10 +28,12 @@ from opentelemetry import context as otel_context
 if TYPE_CHECKING:
     from streamjudge.judging.guard import GuardSession, RegenerateRequest, StreamEvent, TokenSource
 
-Source = Literal["graph", "body"]
+#: ``app``: the application guards this answer itself (its own ``guard()``): the wrappers step aside
+Source = Literal["graph", "body", "app"]
 
 _lock = threading.Lock()
 _bindings: dict[int, StreamBinding] = {}
+_opening = threading.local()  # the binding whose own session is being opened on this thread
 
 
 class StreamBinding:
@@ -137,6 +139,7 @@ class StreamBinding:
 
         first_token_ns = time.time_ns()  # the session opens on the stream's first token
         token = otel_context.attach(self._parent) if self._parent is not None else None
+        _opening.binding = self
         try:
             # only a model tap can re-prompt; without one the guard flags instead (and says so)
             regen = self._regenerate if self.driver is not None else None
@@ -144,6 +147,7 @@ class StreamBinding:
                                    start_time_ns=self.node_start_ns or self.request_start_ns)
             self._pending.extend(session.start())
         finally:
+            _opening.binding = None
             if token is not None:
                 otel_context.detach(token)
         span = session.span
@@ -206,6 +210,26 @@ def lookup(trace_id: int) -> StreamBinding | None:
     return _bindings.get(trace_id)
 
 
+def claim_for_app(trace_id: int, session: object) -> None:
+    """A guarded stream started in ``trace_id`` that is not a binding's own: the application guards that
+    answer itself, so the body wrapper and the model tap must not judge it a second time."""
+    binding = _bindings.get(trace_id)
+    if binding is None or getattr(_opening, "binding", None) is binding:
+        return
+    with binding._lock:
+        if binding.session is None and binding.source is None:
+            binding.source = "app"
+
+
 def active_count() -> int:
     """How many streams are bound (tests assert nothing leaks)."""
     return len(_bindings)
+
+
+def _register() -> None:
+    from streamjudge.judging import _backend
+
+    _backend.on_stream_start(claim_for_app)
+
+
+_register()

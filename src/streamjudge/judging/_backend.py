@@ -27,6 +27,20 @@ class StreamBackend(Protocol):
 
 
 _default: Callable[[], StreamBackend] | None = None
+_listeners: list[Callable[[int, object], None]] = []
+
+
+def on_stream_start(listener: Callable[[int, object], None]) -> None:
+    """Call ``listener(trace_id, session)`` whenever a guarded stream starts (instrumentation uses it so an
+    app's own ``guard()`` and the zero-code wrappers never judge one answer twice)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def stream_started(trace_id: int, session: object) -> None:
+    """Tell the listeners a stream of ``trace_id`` started."""
+    for listener in tuple(_listeners):
+        listener(trace_id, session)
 
 
 def set_default(factory: Callable[[], StreamBackend]) -> None:

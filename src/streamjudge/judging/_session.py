@@ -22,7 +22,7 @@ from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
 from streamjudge.judging._actions import passed_until, preflight_gate, warning_data
-from streamjudge.judging._backend import StreamBackend, default_backend
+from streamjudge.judging._backend import StreamBackend, default_backend, stream_started
 from streamjudge.judging._telemetry import ANSWER_KEYS, CHECKPOINT_KEYS, set_text, skip_attributes
 from streamjudge.judging._telemetry import capped as span_text
 from streamjudge.judging._tokens import TokenText
@@ -208,6 +208,7 @@ class GuardSession:
         self._recording = span.is_recording()
         self._stream_hex = format(ctx.span_id, "016x")
         span.set_attribute(semconv.STREAM_ID, self._stream_hex)
+        stream_started(self._trace_id, self)
         stored = None
         if self.question is not None or self.contexts is not None or self.reference is not None:
             stored = backend.contexts.register(
