@@ -1,0 +1,71 @@
+"""Shared pieces of the reliability suite: loopback servers of the other suites, a span ledger.
+
+The suite proves the rows of the reliability issue's "held" list end to end (judge faults, export faults,
+load, fork, hostile inputs, secrets, loopback binds, prompt injection). Every test is bounded in time and
+talks to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+_TESTS = Path(__file__).resolve().parents[1]
+for sub in (_TESTS, _TESTS / "judges"):
+    if str(sub) not in sys.path:
+        sys.path.insert(0, str(sub))
+
+from scripted_server import ScriptedLLMServer  # noqa: E402
+
+
+class SpanLedger(SpanProcessor):
+    """Counts every span as it ends, before any processor holds, enriches or drops it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.ended: Counter[int] = Counter()
+        self.names: dict[int, str] = {}
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        ctx = span.context
+        assert ctx is not None
+        with self._lock:
+            self.ended[ctx.span_id] += 1
+            self.names[ctx.span_id] = span.name
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+
+def tokens(text: str) -> list[str]:
+    words = text.split(" ")
+    return [w if i == 0 else " " + w for i, w in enumerate(words)]
+
+
+async def atokens(text: str, delay_s: float = 0.0) -> AsyncIterator[str]:
+    for tok in tokens(text):
+        await asyncio.sleep(delay_s)
+        yield tok
+
+
+@pytest.fixture
+def llm_server() -> Iterator[ScriptedLLMServer]:
+    srv = ScriptedLLMServer().start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
