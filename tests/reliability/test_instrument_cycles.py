@@ -1,0 +1,78 @@
+"""50 instrument / uninstrument cycles: each cycle instruments, serves a judged answer, and restores every
+patched function; nothing accumulates (processors, threads, middlewares, handlers, memory)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import tracemalloc
+
+import httpx
+import langchain_core.callbacks as cb
+import pytest
+from fastapi import FastAPI
+from starlette.applications import Starlette
+
+from conftest import Harness
+from reliability.test_unsampled_asgi import make_app
+from streamjudge import _sdk, semconv
+from streamjudge.instrumentation import StreamJudgeInstrumentor, StreamJudgeMiddleware, _binding
+from streamjudge.instrumentation._langgraph import StreamJudgeCallbackHandler
+
+CYCLES = 50
+
+
+def _ours(app: Starlette) -> int:
+    return sum(1 for m in app.user_middleware if getattr(m, "cls", None) is StreamJudgeMiddleware)
+
+
+def _serve_once(app: FastAPI) -> str:
+    async def go() -> str:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as c:
+            r = await c.get("/chat", params={"answer": "invented"})
+            return r.text
+
+    return asyncio.run(go())
+
+
+def _patched() -> tuple[object, ...]:
+    from openinference.instrumentation.langchain._tracer import OpenInferenceTracer
+
+    return (vars(cb.BaseCallbackManager)["__init__"], vars(FastAPI)["__init__"], vars(Starlette)["__init__"],
+            vars(OpenInferenceTracer)["_start_trace"], vars(OpenInferenceTracer)["_end_trace"])
+
+
+@pytest.mark.timeout(180)
+def test_fifty_instrument_uninstrument_cycles_restore_everything_and_leak_nothing(harness: Harness) -> None:
+    rt = harness.configure(None, end_wait_s=0.5)
+    originals = _patched()
+    processors = len(_sdk.span_processors(rt.tracer_provider))
+    inst = StreamJudgeInstrumentor()
+    grown = 0
+    for cycle in range(CYCLES):
+        if cycle == 10:  # after warm-up (imports, caches): what is left from here on is a leak
+            gc.collect()
+            tracemalloc.start()
+            threads = threading.active_count()
+            before = tracemalloc.get_traced_memory()[0]
+        inst.instrument()
+        app = make_app()  # created while instrumented: gets the middleware
+        assert _ours(app) == 1
+        body = _serve_once(app)
+        assert "event: warning" in body, "judged while instrumented"
+        inst.uninstrument()
+        assert _patched() == originals, f"cycle {cycle}: a patched function was not restored"
+        assert _ours(app) == 0 and _ours(make_app()) == 0
+        assert not [h for h in cb.CallbackManager(handlers=[]).handlers
+                    if isinstance(h, StreamJudgeCallbackHandler)]
+        assert len(_sdk.span_processors(rt.tracer_provider)) == processors
+        assert _binding.active_count() == 0
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert threading.active_count() <= threads
+    streams = [s for s in harness.spans() if s.name == semconv.SPAN_STREAM]
+    assert len(streams) == CYCLES, "one judged answer per cycle, none after"
+    # 40 cycles after warm-up; each stored the contexts of one trace (the bounded context store)
+    assert grown < 1_000_000, f"{grown} bytes kept over {CYCLES - 10} cycles"
