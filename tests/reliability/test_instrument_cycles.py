@@ -46,9 +46,11 @@ def _patched() -> tuple[object, ...]:
 @pytest.mark.timeout(180)
 def test_fifty_instrument_uninstrument_cycles_restore_everything_and_leak_nothing(harness: Harness) -> None:
     rt = harness.configure(None, end_wait_s=0.5)
+    inst = StreamJudgeInstrumentor()
+    if inst.is_instrumented_by_opentelemetry:  # instrument_app() in an earlier test (see the xfail below)
+        inst.uninstrument()
     originals = _patched()
     processors = len(_sdk.span_processors(rt.tracer_provider))
-    inst = StreamJudgeInstrumentor()
     grown = 0
     for cycle in range(CYCLES):
         if cycle == 10:  # after warm-up (imports, caches): what is left from here on is a leak
@@ -76,3 +78,27 @@ def test_fifty_instrument_uninstrument_cycles_restore_everything_and_leak_nothin
     assert len(streams) == CYCLES, "one judged answer per cycle, none after"
     # 40 cycles after warm-up; each stored the contexts of one trace (the bounded context store)
     assert grown < 1_000_000, f"{grown} bytes kept over {CYCLES - 10} cycles"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bug: instrument_app() marks the StreamJudgeInstrumentor singleton as instrumented (LangGraph only, "
+    "instrumentation/__init__.py); a later StreamJudgeInstrumentor().instrument() is then a silent no-op "
+    "and FastAPI apps created afterwards get no middleware"))
+@pytest.mark.timeout(60)
+def test_instrument_after_instrument_app_still_instruments_new_apps(harness: Harness) -> None:
+    import streamjudge
+    from streamjudge.instrumentation import uninstrument_app
+
+    harness.configure(None, end_wait_s=0.5)
+    inst = StreamJudgeInstrumentor()
+    if inst.is_instrumented_by_opentelemetry:
+        inst.uninstrument()
+    one = streamjudge.instrument_app(make_app())
+    try:
+        inst.instrument()
+        later = make_app()
+        assert _ours(later) == 1, "an app created after instrument() gets the middleware"
+    finally:
+        uninstrument_app(one)
+        if inst.is_instrumented_by_opentelemetry:
+            inst.uninstrument()
