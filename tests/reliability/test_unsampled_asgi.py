@@ -42,14 +42,14 @@ def make_app() -> FastAPI:
     app = FastAPI()
 
     @app.get("/chat")
-    async def chat(answer: str = "grounded") -> StreamingResponse:
+    async def chat(answer: str = "grounded", delay: float = 0.0) -> StreamingResponse:
         trace_id = trace.get_current_span().get_span_context().trace_id
         get_runtime().contexts.register(trace_id, question=QUESTION, contexts=[CONTEXT])
         text = INVENTED if answer == "invented" else GROUNDED
 
         async def body() -> AsyncIterator[bytes]:
             for tok in tokens(text):
-                await asyncio.sleep(0)
+                await asyncio.sleep(delay)
                 yield f"data: {json.dumps({'token': tok})}\n\n".encode()
             yield b"data: [DONE]\n\n"
 
