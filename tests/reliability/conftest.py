@@ -62,6 +62,18 @@ async def atokens(text: str, delay_s: float = 0.0) -> AsyncIterator[str]:
         yield tok
 
 
+@pytest.fixture(autouse=True)
+def _instrumentor_left_as_found() -> Iterator[None]:
+    """``instrument_app`` marks the instrumentor singleton as instrumented: undo it for later tests."""
+    from streamjudge.instrumentation import StreamJudgeInstrumentor
+
+    was = StreamJudgeInstrumentor().is_instrumented_by_opentelemetry
+    yield
+    inst = StreamJudgeInstrumentor()
+    if inst.is_instrumented_by_opentelemetry and not was:
+        inst.uninstrument()
+
+
 @pytest.fixture
 def llm_server() -> Iterator[ScriptedLLMServer]:
     srv = ScriptedLLMServer().start()
