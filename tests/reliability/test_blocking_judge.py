@@ -67,6 +67,7 @@ def test_streams_finish_within_end_wait_while_the_judge_blocks_its_thread(
         assert blocked.entered.is_set(), "the judge was called and is blocking the pool's thread"
         # each stream waited at most end_wait_s for verdicts, not the judge's 4 s
         assert max(durations) < END_WAIT_S + 1.5, durations
+        print(f"\nblocked judge: 5 streams, longest {max(durations):.2f} s (end_wait {END_WAIT_S} s)")
     finally:
         blocked.release.set()
 

@@ -86,6 +86,8 @@ def test_a_burst_with_a_slow_judge_and_a_tiny_queue_exports_every_span_exactly_o
         for s in judged:
             status = s.attributes.get(semconv.EVAL_STATUS)
             assert status == "judged" or status in REASONS, (s.name, dict(s.attributes))
+        print(f"\nburst: {STREAMS} streams, {len(spans)} spans ended and exported once, statuses "
+              f"{dict(statuses)}, drops {dict(_drops(reader))}")
         # every job the pool did not judge was counted under the reason its span gives (sampling is
         # decided at stream start: a sampled-out stream sends no job, so it is no drop)
         drops = _drops(reader)
