@@ -69,6 +69,7 @@ def test_the_otlp_file_receiver_listens_on_loopback_only(tmp_path: Path) -> None
     assert opened and all(_loopback(a) for a in opened), opened
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not Path("/proc/self/net/tcp").exists(), reason="reads /proc")
 @pytest.mark.timeout(90)
 def test_the_example_app_under_zero_code_listens_on_loopback_only(tmp_path: Path) -> None:
