@@ -51,6 +51,19 @@ class SpanLedger(SpanProcessor):
         return True
 
 
+def wait_unbound(timeout_s: float = 15.0) -> int:
+    """The bound streams once the server's request tasks have run their ``finally`` (a client can read the
+    whole response before its request task ends). Polls with a deadline."""
+    import time
+
+    from streamjudge.instrumentation import _binding
+
+    deadline = time.monotonic() + timeout_s
+    while _binding.active_count() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _binding.active_count()
+
+
 def tokens(text: str) -> list[str]:
     words = text.split(" ")
     return [w if i == 0 else " " + w for i, w in enumerate(words)]

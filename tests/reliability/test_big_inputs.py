@@ -74,8 +74,8 @@ def test_large_contexts_never_stall_the_event_loop(harness: Harness, chars: int)
     print(f"\n{chars / 1e6:g} M chars of contexts: first token {first * 1000:.0f} ms, "
           f"loop late by {max(lateness) * 1000:.0f} ms at most")
     # before: 1 MB of contexts -> 620 ms to first token, 5 MB -> 2.8 s, stalling every stream on the loop
-    assert first < 0.3, first
-    assert max(lateness) < 0.3, max(lateness)
+    assert first < 0.5, first
+    assert max(lateness) < 0.5, max(lateness)
     stream = next(s for s in harness.spans() if s.name == semconv.SPAN_STREAM)
     if chars > rt.settings.max_judge_input_chars:
         assert stream.attributes[semconv.EVAL_STATUS] == "skipped"

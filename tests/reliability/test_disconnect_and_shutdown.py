@@ -15,10 +15,10 @@ import uvicorn
 
 import streamjudge
 from conftest import Harness
-from reliability.conftest import SpanLedger, atokens
+from reliability.conftest import SpanLedger, atokens, wait_unbound
 from reliability.test_unsampled_asgi import make_app
 from streamjudge import semconv
-from streamjudge.instrumentation import _binding, uninstrument_app
+from streamjudge.instrumentation import uninstrument_app
 from streamjudge.judging.guard import GuardSession
 
 CLIENTS = 100
@@ -59,10 +59,7 @@ def test_clients_that_leave_mid_answer_leave_nothing_behind(harness: Harness) ->
                 await asyncio.gather(*(one(i) for i in range(CLIENTS)))
 
         asyncio.run(clients())
-        deadline = time.monotonic() + 15
-        while _binding.active_count() and time.monotonic() < deadline:
-            time.sleep(0.05)  # the server notices each disconnect at its next send
-        assert _binding.active_count() == 0
+        assert wait_unbound() == 0  # the server notices each disconnect at its next send
         assert rt.force_flush(20_000)
         assert rt.processor.held == 0 and rt.pool.depth == 0 and not rt.pool._stream_calls
         gc.collect()
