@@ -81,6 +81,8 @@ class StreamBinding:
         with self._lock:
             session = self.session
             if session is None:
+                if self.closed:
+                    return  # finished or aborted (client gone): a late token must not open a second stream
                 session = self._open()
             if not session.stopped:
                 session.accept(token)
