@@ -94,3 +94,9 @@ def llm_server() -> Iterator[ScriptedLLMServer]:
         yield srv
     finally:
         srv.stop()
+
+
+def warned(body: str) -> bool:
+    """Whether a response body carries a warning client event (an ``event: warning`` frame, or the data-only
+    ``{"type": "warning"}`` frame a data-only SSE app gets)."""
+    return "event: warning" in body or 'data: {"type":"warning"' in body

@@ -15,7 +15,7 @@ import uvicorn
 
 import streamjudge
 from conftest import Harness
-from reliability.conftest import SpanLedger, wait_unbound
+from reliability.conftest import SpanLedger, wait_unbound, warned
 from reliability.test_unsampled_asgi import make_app
 from streamjudge import semconv
 from streamjudge.instrumentation import uninstrument_app
@@ -31,7 +31,7 @@ def _free_port() -> int:
 
 @pytest.mark.timeout(180)
 def test_two_hundred_concurrent_sse_clients(harness: Harness) -> None:
-    rt = harness.configure(None, end_wait_s=2.0)  # the local judge
+    rt = harness.configure(None, end_wait_s=2.0, client_events=True)  # the local judge
     ledger = SpanLedger()
     rt.tracer_provider.add_span_processor(ledger)
     app = streamjudge.instrument_app(make_app())
@@ -64,7 +64,7 @@ def test_two_hundred_concurrent_sse_clients(harness: Harness) -> None:
         took = time.monotonic() - started
         for bad, text in results:
             assert text.rstrip().endswith("data: [DONE]")
-            assert ("event: warning" in text) == bad, text
+            assert warned(text) == bad, text
         assert wait_unbound() == 0
         assert rt.force_flush(30_000)
         spans = harness.exporter.get_finished_spans()

@@ -13,6 +13,7 @@ import pytest
 
 import streamjudge
 from conftest import Harness
+from reliability.conftest import warned
 from streamjudge import semconv
 from streamjudge.instrumentation import uninstrument_app
 
@@ -44,8 +45,8 @@ async def _pair(app: object, headers: dict[str, str]) -> tuple[str, str]:
 def _check(harness: Harness, app: object, headers: dict[str, str]) -> None:
     harness.exporter.clear()
     invented, grounded = asyncio.run(_pair(app, headers))
-    assert "event: warning" in invented
-    assert "event: warning" not in grounded, "a client got a warning about another request's answer"
+    assert warned(invented)
+    assert not warned(grounded), "a client got a warning about another request's answer"
     streams = [s for s in harness.spans() if s.name == semconv.SPAN_STREAM]
     answers = sorted(str(s.attributes[semconv.STREAM_ANSWER]) for s in streams)
     assert len(answers) == 2 and all(a.startswith("The Eiffel Tower is") for a in answers), answers
@@ -55,7 +56,7 @@ def _check(harness: Harness, app: object, headers: dict[str, str]) -> None:
 def test_concurrent_requests_with_their_own_traces_are_judged_apart(harness: Harness,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EXAMPLE_TOKEN_DELAY_MS", "5")  # both answers stream at the same time
-    harness.configure(None, end_wait_s=1.0)
+    harness.configure(None, end_wait_s=1.0, client_events=True)
     app = streamjudge.instrument_app(_app())
     try:
         _check(harness, app, {})
@@ -72,7 +73,7 @@ def test_concurrent_requests_with_their_own_traces_are_judged_apart(harness: Har
 def test_concurrent_requests_sharing_a_client_traceparent_are_judged_apart(
         harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EXAMPLE_TOKEN_DELAY_MS", "5")
-    harness.configure(None, end_wait_s=1.0)
+    harness.configure(None, end_wait_s=1.0, client_events=True)
     app = streamjudge.instrument_app(_app())
     try:
         _check(harness, app, {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"})

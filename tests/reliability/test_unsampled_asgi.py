@@ -25,6 +25,7 @@ from opentelemetry import trace
 import streamjudge
 from conftest import Harness
 from reliability.conftest import tokens
+from reliability.conftest import warned as warned_in
 from streamjudge import semconv
 from streamjudge.instrumentation import _binding, uninstrument_app
 from streamjudge.judging.guard import GuardSession
@@ -84,8 +85,8 @@ async def _requests(app: FastAPI, n: int, rng: random.Random) -> tuple[list[floa
             assert r.status_code == 200
             assert r.text.rstrip().endswith("data: [DONE]")
             invented += bad
-            warned += "event: warning" in r.text
-            assert bad or "event: warning" not in r.text, r.text
+            warned += warned_in(r.text)
+            assert bad or not warned_in(r.text), r.text
 
         await asyncio.gather(*(one(i) for i in range(n)))
     return durations, warned, invented, traces
@@ -103,13 +104,14 @@ def _live_sessions() -> int:
 
 
 @pytest.mark.timeout(240)
-def test_unsampled_requests_are_judged_live_end_without_waiting_and_leave_nothing(harness: Harness) -> None:
-    rt = harness.configure(None, end_wait_s=END_WAIT_S)  # the local judge
+def test_unsampled_requests_are_not_judged_end_without_waiting_and_leave_nothing(harness: Harness) -> None:
+    rt = harness.configure(None, end_wait_s=END_WAIT_S, client_events=True)  # the local judge
     app = streamjudge.instrument_app(make_app())
     rng = random.Random(10)
     try:
         durations, warned, invented, traces = asyncio.run(_requests(app, WARMUP, rng))
-        assert warned == invented > 0, "unsampled answers are still judged live and warned about"
+        # sampling is decided once at stream start: a trace the client sampled out is not judged
+        assert invented > 0 and warned == 0, "unsampled answers are not judged"
         base_sessions = _live_sessions()
         tracemalloc.start()
         try:
@@ -122,8 +124,8 @@ def test_unsampled_requests_are_judged_live_end_without_waiting_and_leave_nothin
         finally:
             tracemalloc.stop()
         traces |= more
-        assert warned == invented == MEASURED // 10
-        # each answer ended as soon as its verdicts were in, never after waiting end_wait_s
+        assert warned == 0 and invented == MEASURED // 10
+        # each answer ended at once, never after waiting end_wait_s for verdicts
         assert max(durations) < END_WAIT_S - 0.5, sorted(durations)[-5:]
         # nothing of the requests is left: no held span, binding, session or per-stream pool state
         assert rt.processor.held == 0
