@@ -116,6 +116,9 @@ class Settings:
     # default: measured, it no longer lowered time to alert (2.8-3.0 ms p50 either way) and under load each
     # tick takes the GIL from request handling (9% fewer requests/s at saturation with 0.05)
     judge_linger_s: float = 0.0
+    # worker processes for a CPU-bound judge (`local`, `model`): judging runs on other cores instead of
+    # taking the app's GIL; 0 = in the judge pool's thread. LLM judges wait on the network and stay in-process
+    judge_processes: int = 0
     hold_timeout_s: float = 60.0  # longest a judged span is held for its scores before export
     # judge inputs over this many chars (contexts of a stream, a final answer) are not judged: a recorded
     # skip instead of seconds of judge time and memory
@@ -153,6 +156,8 @@ class Settings:
         for name in ("concurrency", "queue_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.judge_processes < 0:
+            raise ConfigError(f"judge_processes must be >= 0, got {self.judge_processes!r}")
         if self.window_sentences < 1 or self.window_chars < 1:
             raise ConfigError("window_sentences and window_chars must be >= 1")
         for spec in self.terminal_frames:
@@ -203,6 +208,13 @@ def _int(var: str, raw: str) -> int:
         return int(raw)
     except ValueError:
         raise ConfigError(f"{var}={raw!r}: expected an integer") from None
+
+
+def _count(var: str, raw: str) -> int:
+    n = _int(var, raw)
+    if n < 0:
+        raise ConfigError(f"{var}={raw!r}: expected 0 or more")
+    return n
 
 
 def _csv(raw: str) -> tuple[str, ...]:
@@ -287,6 +299,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "global_budget_per_minute": ("GLOBAL_BUDGET_PER_MINUTE", _int),
     "judge_cpu_share": ("JUDGE_CPU_SHARE", _float),
     "judge_linger_s": ("JUDGE_LINGER", _float),
+    "judge_processes": ("JUDGE_PROCESSES", _count),
     "hold_timeout_s": ("HOLD_TIMEOUT", _float),
     "max_judge_input_chars": ("MAX_JUDGE_INPUT_CHARS", _int),
     "max_queue_chars": ("MAX_QUEUE_CHARS", _int),
@@ -359,6 +372,10 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         final = overrides.get("eval_llm", values.get("eval_llm"))
         values["checkpoint_llm"] = _llm_settings(env, "EVAL_CHECKPOINT_", final)
     values.update(overrides)
+    processes = values.get("judge_processes", 0)
+    if isinstance(processes, int) and processes > 0 and "concurrency" not in values:
+        # two calls in flight per worker: each has its next request queued while it replies
+        values["concurrency"] = max(Settings().concurrency, 2 * processes)
     try:
         return Settings(**values)
     except TypeError as exc:

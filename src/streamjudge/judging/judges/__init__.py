@@ -26,7 +26,9 @@ def create_judge(name: str, settings: Settings, *, tier: Tier = "final") -> Judg
     """Build the judge called ``name`` (``local``, ``llm``, ``ragas``, ``deepeval`` or ``module:Class``).
 
     Each judge class is constructed as ``cls.from_settings(settings, tier=tier)`` when it has that
-    classmethod, else ``cls()``.
+    classmethod, else ``cls()``. With ``settings.judge_processes`` > 0 a CPU-bound judge (``local``,
+    ``model``) is returned wrapped in a :class:`~streamjudge.judging.judges._process.ProcessJudge` that runs
+    it in that many worker processes (started now); other judges wait on I/O and stay in-process.
     """
     target = _BUILTIN.get(name, name)
     module_name, sep, attr = target.partition(":")
@@ -43,4 +45,9 @@ def create_judge(name: str, settings: Settings, *, tier: Tier = "final") -> Judg
     cls = getattr(module, attr)
     factory = getattr(cls, "from_settings", None)
     judge: Judge = factory(settings, tier=tier) if factory is not None else cls()
+    if settings.judge_processes > 0:
+        from streamjudge.judging.judges._process import PROCESS_JUDGES, JudgeSpec, ProcessJudge
+
+        if name in PROCESS_JUDGES:  # built here first: a judge that cannot be built fails at configure
+            return ProcessJudge(JudgeSpec(name, settings, tier), processes=settings.judge_processes)
     return judge
