@@ -1,6 +1,6 @@
 """Many concurrent streams in one process: does judging keep up, and what does it cost the streams?
 
-    python benchmarks/bench_scale.py [--streams 200 500] [--delay-ms 20] [--repeat 2] [--json]
+    python benchmarks/bench_scale.py [--streams 200 500] [--delay-ms 20] [--repeat 2] [--processes 1] [--json]
 
 N answers stream at the same time in one event loop, one token every ``delay`` ms, each with its own text and
 its own contexts (FaithBench dev sources and summaries, read in place from ../shared/benchdata; a synthetic
@@ -9,7 +9,9 @@ interleaved in fresh processes, each repeated:
 
 - ``bare``: the same loop without streamjudge (the baseline of every ratio);
 - ``judged``: streamjudge, local judge on every checkpoint and the final answer;
-- ``sampled_out``: streamjudge with a zero sample rate (the guard and its spans, no judging at all).
+- ``sampled_out``: streamjudge with a zero sample rate (the guard and its spans, no judging at all);
+- ``processes=N`` (``--processes 1 2``; none with ``--processes``): as ``judged`` with the local judge in N
+  worker processes (``judge_processes``), so judging runs on other cores instead of under the app's GIL.
 
 (A CPU policy that let the judge use idle CPU, capping it only while the application's threads were busy,
 was measured here and dropped: at 200 streams it kept every checkpoint judged either way, but its ITL p99
@@ -52,7 +54,9 @@ if variant != "bare":
     import streamjudge
     from streamjudge.config import Settings
     from streamjudge.runtime import _Discard
-    settings = Settings(preflight=False, end_wait_s=2.0, sample_rate=0.0 if variant == "sampled_out" else 1.0)
+    processes = int(variant.partition("=")[2]) if variant.startswith("processes=") else 0
+    settings = Settings(preflight=False, end_wait_s=2.0, sample_rate=0.0 if variant == "sampled_out" else 1.0,
+                        judge_processes=processes)
     rt = streamjudge.configure(settings, downstream=_Discard(), set_global=False)
     statuses = {}
     real_resolve = rt.processor.resolve
@@ -125,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, nargs="+", default=[200, 500])
     ap.add_argument("--delay-ms", type=float, default=20.0)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--processes", type=int, nargs="*", default=[1],
+                    help="worker-process counts of the processes=N variants")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     samples = load(max(args.streams))
@@ -134,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in args.streams:
             runs: dict[str, list[dict[str, Any]]] = {"bare": [], "judged": [], "sampled_out": []}
+            runs.update({f"processes={p}": [] for p in args.processes})
             for _ in range(args.repeat):
                 for variant in runs:  # interleaved: drift on a noisy machine hits every variant alike
                     runs[variant].append(child(variant, n, args.delay_ms, data))
@@ -161,7 +168,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
         "bare tokens/s": _spread([r["tokens_per_s"] for r in bare], 0),
         "bare ITL p99 ms": _spread([r["itl_p99_ms"] for r in bare], 2),
     }
-    for variant in ("judged", "sampled_out"):
+    for variant in runs:
+        if variant == "bare":
+            continue
         rs = runs[variant]
         out[f"{variant}: tokens/s ratio vs bare"] = _spread(
             [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(rs, bare, strict=True)])

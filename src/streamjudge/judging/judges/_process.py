@@ -107,6 +107,11 @@ class ProcessJudge:
         """Process ids of the running workers (restarted ones get new ids)."""
         return self._group.pids
 
+    @property
+    def in_flight(self) -> int:
+        """Calls sent to the workers and not answered yet (all judges of this worker set)."""
+        return self._group.in_flight
+
     async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
         """Score ``item`` in a worker. Raises :class:`JudgeError` when the worker died or is unavailable."""
         if self._closed:
@@ -184,6 +189,10 @@ class _WorkerGroup:
     @property
     def pids(self) -> tuple[int, ...]:
         return tuple(w.proc.pid for w in self._workers if w.proc is not None)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(w.inflight) for w in self._workers)
 
     def acquire(self, spec: JudgeSpec) -> int:
         with self._lock:
@@ -275,6 +284,7 @@ class _WorkerGroup:
                 with contextlib.suppress(Exception):
                     old.remove_reader(w.rfd)
                     old.remove_writer(w.wfd)
+            w.writing = False
             self._fail(w, JudgeError("the judge's event loop changed"))
             if w.proc is not None:
                 self._watch(w)
