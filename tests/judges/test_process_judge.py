@@ -246,7 +246,7 @@ def test_judge_errors_keep_their_kind_and_a_judge_that_cannot_be_built_says_why(
             with pytest.raises(JudgeError, match="RuntimeError: judge exploded") as plain:
                 await raising.evaluate(EvalInput(QUESTION, CONTEXTS, "other"), METRICS)
             assert not isinstance(plain.value, TransientJudgeError)
-            with pytest.raises(JudgeError, match="cannot be built in a worker.*no_such_module_xyz"):
+            with pytest.raises(JudgeError, match=r"cannot be built in a worker.*no_such_module_xyz"):
                 await missing.evaluate(EvalInput(QUESTION, CONTEXTS, "x"), METRICS)
         finally:
             await raising.aclose()
