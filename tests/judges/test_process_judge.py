@@ -7,10 +7,13 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import pytest
 
+from conftest import Harness
+from streamjudge import StreamEvent, guard, semconv
 from streamjudge.config import ConfigError, Settings, load_settings
 from streamjudge.judging.base import METRICS, EvalInput, JudgeError, JudgeResult, TransientJudgeError
 from streamjudge.judging.judges import create_judge
@@ -280,3 +283,39 @@ def test_settings_name_the_variable_and_raise_the_concurrency_for_processes() ->
     assert load_settings(judge_processes=4).concurrency == 8
     with pytest.raises(ConfigError, match="judge_processes"):
         Settings(judge_processes=-1)
+
+
+def test_a_stream_guarded_with_judge_processes_gets_the_in_process_verdicts(harness: Harness) -> None:
+    answer = ("The Eiffel Tower was completed in 1889 for the World's Fair. It is 330 metres tall. "
+              "It was designed by Leonardo da Vinci in 1920. Gustave Eiffel's company built it.")
+
+    async def words() -> AsyncIterator[str]:
+        for w in answer.split(" "):
+            yield w + " "
+            await asyncio.sleep(0.002)
+
+    def stream() -> tuple[list[tuple[Any, ...]], dict[str, Any], list[Any]]:
+        async def collect() -> list[StreamEvent]:
+            return [ev async for ev in guard(words(), question=QUESTION, contexts=list(CONTEXTS))]
+
+        events = asyncio.run(collect())
+        warnings = sorted((e.data["metric"], e.data["char_start"], e.data["char_end"], e.data["score"])
+                          for e in events if e.type == "warning" and e.data)
+        checkpoints = [s for s in harness.spans() if s.name == semconv.SPAN_CHECKPOINT]
+        statuses = [s.attributes[semconv.EVAL_STATUS] for s in checkpoints]
+        done = {k: v for k, v in (events[-1].data or {}).items() if k not in ("ttft_ms", "stream_id")}
+        return warnings, done, statuses
+
+    harness.configure()
+    in_process = stream()
+    rt = harness.configure(judge_processes=1)
+    assert isinstance(rt.judge_for("checkpoint"), ProcessJudge)
+    assert isinstance(rt.judge_for("answer"), ProcessJudge)
+    in_workers = stream()
+    assert in_workers == in_process
+    warnings, done, statuses = in_workers
+    assert warnings and done["verdict"] == "flagged" and set(statuses) == {"judged"}
+    pids = rt.judge_for("checkpoint").pids  # type: ignore[attr-defined]
+    assert pids
+    rt.shutdown()  # the pool closes its judges: the workers go
+    assert not set(pids) & children()
