@@ -32,6 +32,7 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -222,8 +223,9 @@ class _WorkerGroup:
             raise JudgeError("process judge is closed")
         if loop is not self._loop:
             self._bind(loop)
-        contexts = item.contexts
-        w = self._workers[hash(contexts) % self.size if self.size > 1 else 0]
+        if not isinstance(item.contexts, tuple):  # a list from a caller: hashable for routing
+            item = dataclasses.replace(item, contexts=tuple(item.contexts))
+        w = self._workers[hash(item.contexts) % self.size if self.size > 1 else 0]
         if w.proc is None:
             self._restart(w)
             if w.proc is None:
