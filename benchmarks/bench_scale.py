@@ -62,6 +62,8 @@ if variant != "bare":
     settings = Settings(preflight=False, end_wait_s=2.0, sample_rate=0.0 if variant == "sampled_out" else 1.0,
                         judge_processes=processes)
     rt = streamjudge.configure(settings, downstream=_Discard(), set_global=False)
+    if processes:  # the workers start at configure time; an app configures well before its traffic
+        time.sleep(1.0)
     statuses = {}
     real_resolve = rt.processor.resolve
 

@@ -363,9 +363,10 @@ class _WorkerGroup:
 
     def _on_reply(self, w: _Worker, reply: tuple[Any, ...]) -> None:
         call_id, ok, value = reply
-        if call_id == 0:  # the worker is ready (ok) or could not start (value says why)
+        if call_id == 0:  # the worker is ready (ok) or could not build a judge (value says why)
             if not ok:
                 w.last_error = str(value)
+                _log.error("streamjudge: %s; its calls fail", value)
             return
         fut = w.inflight.pop(call_id, None)
         if fut is None or fut.done():
@@ -440,10 +441,10 @@ class _WorkerGroup:
         if proc is None:
             return
         code = _reap(proc, kill=True)
+        how = f"exit code {code}"
         if code is not None and code < 0:
-            how = f"killed by {signal.Signals(-code).name}"
-        else:
-            how = f"exit code {code}"
+            with contextlib.suppress(ValueError):
+                how = f"killed by {signal.Signals(-code).name}"
         w.last_error = f"judge worker {proc.pid} died ({how}; {why})"
         _log.warning("streamjudge: %s; restarting it", w.last_error)
         self._close_pipes(w)
@@ -581,6 +582,7 @@ def _worker_main(rfd: int, wfd: int) -> None:
                                         tier=spec.tier)  # type: ignore[arg-type]
         except Exception as exc:
             broken[slot] = f"judge {spec.name!r} cannot be built in a worker: {type(exc).__name__}: {exc}"
+            reply((0, False, broken[slot]))
 
     reply((0, True, None))
     while True:
