@@ -258,6 +258,31 @@ def test_judge_errors_keep_their_kind_and_a_judge_that_cannot_be_built_says_why(
     asyncio.run(go())
 
 
+class ExitingJudge:
+    """Takes its worker down while it is built (a native library crashing at load)."""
+
+    name = "exiting"
+
+    def __init__(self) -> None:
+        os._exit(3)
+
+
+def test_a_worker_that_dies_at_start_up_fails_every_call_with_its_exit_code() -> None:
+    before = children()
+
+    async def go() -> None:
+        j = ProcessJudge(JudgeSpec(f"{__name__}:ExitingJudge", Settings()), processes=1)
+        try:
+            for _ in range(6):  # restarted, then backed off: calls fail, none hangs
+                with pytest.raises(JudgeError, match="exit code 3"):
+                    await j.evaluate(EvalInput(QUESTION, CONTEXTS, "x"), METRICS)
+        finally:
+            await j.aclose()
+        assert children() <= before  # every crashed worker reaped
+
+    asyncio.run(go())
+
+
 def test_create_judge_wraps_only_cpu_bound_judges_when_asked() -> None:
     assert isinstance(create_judge("local", Settings()), LocalJudge)
     other = create_judge(f"{__name__}:RaisingJudge", Settings(judge_processes=1))
