@@ -64,7 +64,7 @@ _PROTOCOL = pickle.HIGHEST_PROTOCOL
 _READ_CHUNK = 1 << 16
 # contexts a worker keeps by id (the parent tells it which to drop): by count and by size
 _CONTEXT_SLOTS = 256
-_CONTEXT_CHARS = 16_000_000
+_CONTEXT_CHARS = 4_000_000  # held in this process too (the same tuples the streams hold while live)
 # a worker that dies this soon after starting counts as a crash at start-up; after a few in a row its
 # restarts back off (calls fail fast meanwhile) instead of spinning
 _YOUNG_S = 2.0
