@@ -283,6 +283,47 @@ def test_a_worker_that_dies_at_start_up_fails_every_call_with_its_exit_code() ->
     asyncio.run(go())
 
 
+class HangingJudge:
+    """Never returns from one input (a native loop that holds its thread)."""
+
+    name = "hanging"
+
+    def evaluate_sync(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        while item.answer == "hang":
+            time.sleep(3600)
+        return JudgeResult(self.name, ())
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        return self.evaluate_sync(item, metrics)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_a_worker_stuck_past_the_judge_timeout_is_replaced() -> None:
+    async def go() -> None:
+        j = ProcessJudge(JudgeSpec(f"{__name__}:HangingJudge", Settings(judge_timeout_s=0.05)), processes=1)
+        try:
+            assert await j.evaluate(EvalInput(QUESTION, CONTEXTS, "fine"), METRICS) == JudgeResult("hanging", ())
+            (stuck,) = j.pids
+            queued = asyncio.ensure_future(j.evaluate(EvalInput(QUESTION, CONTEXTS, "behind it"), METRICS))
+            with pytest.raises(TimeoutError):  # the pool's per-call timeout, as the pool applies it
+                async with asyncio.timeout(0.5):
+                    await j.evaluate(EvalInput(QUESTION, CONTEXTS, "hang"), METRICS)
+            with pytest.raises(JudgeError, match=f"judge worker {stuck} died"):
+                await queued  # queued behind the stuck call: fails, does not hang
+            assert await j.evaluate(EvalInput(QUESTION, CONTEXTS, "fine"), METRICS) == JudgeResult("hanging", ())
+            assert stuck not in j.pids and stuck not in children()
+        finally:
+            await j.aclose()
+
+    async def bounded() -> None:
+        async with asyncio.timeout(60):  # a regression fails here instead of hanging the run
+            await go()
+
+    asyncio.run(bounded())
+
+
 def test_create_judge_wraps_only_cpu_bound_judges_when_asked() -> None:
     assert isinstance(create_judge("local", Settings()), LocalJudge)
     other = create_judge(f"{__name__}:RaisingJudge", Settings(judge_processes=1))

@@ -19,8 +19,9 @@ thread no CPU (the pool throttles on ``time.thread_time`` of its own thread only
   contexts cross the pipe once per worker: later calls name them by a small id.
 - A worker that dies (killed, segfault) fails its in-flight calls with :class:`JudgeError` (the pool records
   an ``error`` outcome) and is restarted; one that keeps dying at start-up is restarted with backoff, calls
-  failing fast meanwhile. ``aclose`` stops and reaps the workers. In a forked child (gunicorn) the parent's
-  workers are not touched: the child starts its own on its first call.
+  failing fast meanwhile. A worker that leaves a call unanswered for a whole ``judge_timeout_s`` is stuck
+  and is killed (then restarted) when that call is given up. ``aclose`` stops and reaps the workers. In a
+  forked child (gunicorn) the parent's workers are not touched: the child starts its own on its first call.
 
 Only CPU-bound judges are worth a process: the LLM judges (``llm``, ``ragas``, ``deepeval``) wait on the
 network and stay in-process.
@@ -165,12 +166,13 @@ class _WorkerGroup:
         with cls._registry_lock:
             group = cls._registry.get(key)
             if group is None or group._stopped:
-                group = cls(processes)
+                group = cls(processes, hang_s=settings.judge_timeout_s)
                 cls._registry[key] = group
             return group
 
-    def __init__(self, processes: int) -> None:
+    def __init__(self, processes: int, hang_s: float = 30.0) -> None:
         self.size = processes
+        self._hang_s = hang_s
         self._specs: list[JudgeSpec] = []
         self._users = 0
         self._stopped = False
@@ -234,12 +236,22 @@ class _WorkerGroup:
         call_id = self._next_call
         fut: asyncio.Future[JudgeResult] = loop.create_future()
         w.inflight[call_id] = fut
+        proc, sent = w.proc, time.monotonic()
         try:
             self._send(w, self._encode_call(w, call_id, slot, item, metrics))
             return await fut
         finally:
             # cancelled (timeout, client gone): a late reply finds no future and is dropped
             w.inflight.pop(call_id, None)
+            # (the task's cancellation cancels the future it awaits: a reply would have set a result)
+            if fut.cancelled() and time.monotonic() - sent >= self._hang_s and w.proc is proc:
+                # a worker answers in order: one that has not answered this call in a whole judge
+                # timeout is stuck (a native loop, a deadlock) and would time out every later call too
+                _log.warning("streamjudge: judge worker %s did not answer within %gs; killing it",
+                             proc.pid if proc else "?", self._hang_s)
+                if proc is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()  # its pipe closes: _died fails the rest and restarts it
 
     def _encode_call(self, w: _Worker, call_id: int, slot: int, item: EvalInput,
                      metrics: tuple[str, ...]) -> bytes:
