@@ -1,6 +1,6 @@
 """Many concurrent streams in one process: does judging keep up, and what does it cost the streams?
 
-    python benchmarks/bench_scale.py [--streams 200 500] [--delay-ms 20] [--repeat 2] [--json]
+    python benchmarks/bench_scale.py [--streams 200 500] [--delay-ms 20] [--repeat 2] [--processes 1] [--json]
 
 N answers stream at the same time in one event loop, one token every ``delay`` ms, each with its own text and
 its own contexts (FaithBench dev sources and summaries, read in place from ../shared/benchdata; a synthetic
@@ -9,11 +9,17 @@ interleaved in fresh processes, each repeated:
 
 - ``bare``: the same loop without streamjudge (the baseline of every ratio);
 - ``judged``: streamjudge, local judge on every checkpoint and the final answer;
-- ``sampled_out``: streamjudge with a zero sample rate (the guard and its spans, no judging at all).
+- ``sampled_out``: streamjudge with a zero sample rate (the guard and its spans, no judging at all);
+- ``processes=N`` (``--processes 1 2``; none with ``--processes``): as ``judged`` with the local judge in N
+  worker processes (``judge_processes``), so judging runs on other cores instead of under the app's GIL.
 
 (A CPU policy that let the judge use idle CPU, capping it only while the application's threads were busy,
 was measured here and dropped: at 200 streams it kept every checkpoint judged either way, but its ITL p99
 was 4.5x bare against 0.9x with the fixed share — the judge thread's GIL holds delay the loop's wake-ups.)
+
+With ``--capacity JOBS`` it also measures the judge's saturated throughput: JOBS checkpoints (two per
+distinct contexts set) queued at once into a judge pool with the default CPU share, in-process (``judged``)
+and in worker processes, reporting checkpoints/s and the pool thread's CPU per call.
 
 Printed per N: tokens/s ratio and ITL p99 ratio against bare, checkpoints judged / superseded (merged into a
 newer request, which judges their sentences too) / dropped or not judged, judge checkpoints per second, and
@@ -52,8 +58,12 @@ if variant != "bare":
     import streamjudge
     from streamjudge.config import Settings
     from streamjudge.runtime import _Discard
-    settings = Settings(preflight=False, end_wait_s=2.0, sample_rate=0.0 if variant == "sampled_out" else 1.0)
+    processes = int(variant.partition("=")[2]) if variant.startswith("processes=") else 0
+    settings = Settings(preflight=False, end_wait_s=2.0, sample_rate=0.0 if variant == "sampled_out" else 1.0,
+                        judge_processes=processes)
     rt = streamjudge.configure(settings, downstream=_Discard(), set_global=False)
+    if processes:  # the workers start at configure time; an app configures well before its traffic
+        time.sleep(1.0)
     statuses = {}
     real_resolve = rt.processor.resolve
 
@@ -98,6 +108,57 @@ print(json.dumps(out))
 """
 
 
+CAPACITY = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1] + "/src")
+from streamjudge.config import Settings
+from streamjudge.judging.base import EvalInput
+from streamjudge.judging.judges import create_judge
+from streamjudge.judging.pool import JudgeJob, JudgePool
+variant, jobs, data = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+samples = json.load(open(data))
+processes = int(variant.partition("=")[2]) if variant.startswith("processes=") else 0
+settings = Settings(judge_processes=processes)
+items = []
+for i in range(jobs // 2):
+    ctx, answer = samples[i % len(samples)]
+    parts = answer.split(". ")
+    half = max(1, len(parts) // 2)
+    head, tail = ". ".join(parts[:half]) + ".", ". ".join(parts[half:]) or answer
+    contexts = (f"[{i}] " + ctx,)
+    items.append(EvalInput("q", contexts, head, kind="checkpoint"))
+    items.append(EvalInput("q", contexts, tail, kind="checkpoint", prefix=head))
+judge = create_judge("local", settings, tier="checkpoint")
+pool = JudgePool(concurrency=settings.concurrency, queue_size=len(items) + 1, max_queue_bytes=0,
+                 cpu_share=settings.judge_cpu_share)
+if processes:  # the workers start at configure time; let them come up as an app's would before traffic
+    time.sleep(1.0)
+statuses, cpu = [], []
+
+def done(outcome):
+    statuses.append(outcome.status)
+    cpu.append(time.thread_time())  # on the pool's thread
+
+t0 = time.perf_counter()
+for it in items:
+    pool.submit(JudgeJob(judge, it, ("faithfulness",), done))
+pool.force_flush(600_000)
+elapsed = time.perf_counter() - t0
+pool.shutdown()
+print(json.dumps({"checkpoints_per_s": statuses.count("judged") / elapsed,
+                  "pool_cpu_us_per_call": (cpu[-1] - cpu[0]) / max(1, len(cpu) - 1) * 1e6,
+                  "not_judged": len(items) - statuses.count("judged")}))
+"""
+
+
+def capacity(variant: str, jobs: int, data: Path) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-c", CAPACITY, str(ROOT), variant, str(jobs), str(data)],
+                          capture_output=True, text=True, input="", timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-2000:])
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
 def load(limit: int) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for f in sorted(DATA.glob("batch_*.json")):
@@ -125,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, nargs="+", default=[200, 500])
     ap.add_argument("--delay-ms", type=float, default=20.0)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--processes", type=int, nargs="*", default=[1],
+                    help="worker-process counts of the processes=N variants")
+    ap.add_argument("--capacity", type=int, default=0, metavar="JOBS",
+                    help="also measure the judge's saturated checkpoints/s with JOBS checkpoints queued")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     samples = load(max(args.streams))
@@ -134,18 +199,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in args.streams:
             runs: dict[str, list[dict[str, Any]]] = {"bare": [], "judged": [], "sampled_out": []}
+            runs.update({f"processes={p}": [] for p in args.processes})
             for _ in range(args.repeat):
                 for variant in runs:  # interleaved: drift on a noisy machine hits every variant alike
                     runs[variant].append(child(variant, n, args.delay_ms, data))
             results[str(n)] = summarize(runs)
+        if args.capacity:
+            cap: dict[str, list[dict[str, Any]]] = {"judged": []}
+            cap.update({f"processes={p}": [] for p in args.processes})
+            for _ in range(args.repeat):
+                for variant in cap:
+                    cap[variant].append(capacity(variant, args.capacity, data))
+            results["capacity"] = summarize_capacity(cap)
     finally:
         data.unlink(missing_ok=True)
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
     for n, r in results.items():
-        print(f"== {n} concurrent streams, {args.delay_ms:g} ms/token "
-              f"({args.repeat} repeats, median [min-max])")
+        if n == "capacity":
+            print(f"== judge capacity, {args.capacity} checkpoints queued at once, default CPU share "
+                  f"({args.repeat} repeats, median [min-max])")
+        else:
+            print(f"== {n} concurrent streams, {args.delay_ms:g} ms/token "
+                  f"({args.repeat} repeats, median [min-max])")
         for k, v in r.items():
             print(f"   {k:<44} {v}")
     return 0
@@ -155,13 +232,28 @@ def _spread(values: list[float], digits: int = 3) -> str:
     return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
 
 
+def summarize_capacity(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    base = runs["judged"]
+    out: dict[str, str] = {}
+    for variant, rs in runs.items():
+        out[f"{variant}: checkpoints/s"] = _spread([r["checkpoints_per_s"] for r in rs], 0)
+        out[f"{variant}: pool thread CPU us/call"] = _spread([r["pool_cpu_us_per_call"] for r in rs], 1)
+        out[f"{variant}: not judged"] = _spread([float(r["not_judged"]) for r in rs], 0)
+        if variant != "judged":
+            out[f"{variant}: checkpoints/s ratio vs in-process"] = _spread(
+                [r["checkpoints_per_s"] / b["checkpoints_per_s"] for r, b in zip(rs, base, strict=True)])
+    return out
+
+
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
     bare = runs["bare"]
     out: dict[str, str] = {
         "bare tokens/s": _spread([r["tokens_per_s"] for r in bare], 0),
         "bare ITL p99 ms": _spread([r["itl_p99_ms"] for r in bare], 2),
     }
-    for variant in ("judged", "sampled_out"):
+    for variant in runs:
+        if variant == "bare":
+            continue
         rs = runs[variant]
         out[f"{variant}: tokens/s ratio vs bare"] = _spread(
             [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(rs, bare, strict=True)])

@@ -163,6 +163,9 @@ class Settings:
     # default: measured, it no longer lowered time to alert (2.8-3.0 ms p50 either way) and under load each
     # tick takes the GIL from request handling (9% fewer requests/s at saturation with 0.05)
     judge_linger_s: float = 0.0
+    # worker processes for a CPU-bound judge (`local`, `model`): judging runs on other cores instead of
+    # taking the app's GIL; 0 = in the judge pool's thread. LLM judges wait on the network and stay in-process
+    judge_processes: int = 0
     hold_timeout_s: float = 60.0  # longest a judged span is held for its scores before export
     # judge inputs over this many chars (contexts of a stream, a final answer) are not judged: a recorded
     # skip instead of seconds of judge time and memory
@@ -219,6 +222,8 @@ class Settings:
         for metric, v in self.thresholds.items():
             if not 0.0 <= v <= 1.0:
                 raise _invalid("thresholds", f"{metric}={v}", "metric=value pairs with values from 0 to 1")
+        if self.judge_processes < 0:
+            raise _invalid("judge_processes", self.judge_processes, "0 or more")
         for spec in self.terminal_frames:
             kind, sep, value = spec.partition(":")
             if not sep or kind.strip() not in TERMINAL_FRAME_KINDS or not value.strip():
@@ -282,6 +287,13 @@ def parse_judge_name(var: str, raw: str) -> str:
         return name
     hint = _did_you_mean(name.lower(), JUDGE_NAMES)
     raise ConfigError(f"{var}={raw!r}: expected {', '.join(JUDGE_NAMES)} or package.module:ClassName{hint}")
+
+
+def _count(var: str, raw: str) -> int:
+    n = _int(var, raw)
+    if n < 0:
+        raise ConfigError(f"{var}={raw!r}: expected 0 or more")
+    return n
 
 
 def _csv(raw: str) -> tuple[str, ...]:
@@ -369,6 +381,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "global_budget_per_minute": ("GLOBAL_BUDGET_PER_MINUTE", _int),
     "judge_cpu_share": ("JUDGE_CPU_SHARE", _float),
     "judge_linger_s": ("JUDGE_LINGER", _float),
+    "judge_processes": ("JUDGE_PROCESSES", _count),
     "hold_timeout_s": ("HOLD_TIMEOUT", _float),
     "max_judge_input_chars": ("MAX_JUDGE_INPUT_CHARS", _int),
     "max_queue_chars": ("MAX_QUEUE_CHARS", _int),
@@ -595,6 +608,10 @@ def _load(
         values.pop("eval_llm", None)
         values.pop("checkpoint_llm", None)
     values.update(overrides)
+    processes = values.get("judge_processes", 0)
+    if isinstance(processes, int) and processes > 0 and "concurrency" not in values:
+        # two calls in flight per worker: each has its next request queued while it replies
+        values["concurrency"] = max(Settings().concurrency, 2 * processes)
     settings = _build(values, raw_of, errors)
     _check_metric_names(settings)
     return settings

@@ -28,7 +28,10 @@ def create_judge(name: str, settings: Settings, *, tier: Tier = "final") -> Judg
     ``module:Class``).
 
     Each judge class is constructed as ``cls.from_settings(settings, tier=tier)`` when it has that
-    classmethod, else ``cls()``.
+    classmethod, else ``cls()``. With ``settings.judge_processes`` > 0 a CPU-bound judge (``local``,
+    ``model``) is returned wrapped in a :class:`~streamjudge.judging.judges._process.ProcessJudge` that runs
+    it in that many worker processes (started now, each building the judge); other judges wait on I/O and
+    stay in-process.
     """
     target = _BUILTIN.get(name, name)
     module_name, sep, attr = target.partition(":")
@@ -43,6 +46,11 @@ def create_judge(name: str, settings: Settings, *, tier: Tier = "final") -> Judg
         hint = f" (install it with: pip install 'streamjudge[{extra}]')" if extra else ""
         raise ConfigError(f"judge {name!r} cannot be imported: {exc}{hint}") from exc
     cls = getattr(module, attr)
+    if settings.judge_processes > 0:
+        from streamjudge.judging.judges._process import PROCESS_JUDGES, JudgeSpec, ProcessJudge
+
+        if name in PROCESS_JUDGES:  # built in the workers only (a model is not loaded here as well)
+            return ProcessJudge(JudgeSpec(name, settings, tier), processes=settings.judge_processes)
     factory = getattr(cls, "from_settings", None)
     judge: Judge = factory(settings, tier=tier) if factory is not None else cls()
     return judge

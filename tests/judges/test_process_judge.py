@@ -1,0 +1,387 @@
+"""The process judge: the local judge in real worker processes gives the in-process judge's results, survives
+a killed worker, leaves no process behind, and gives a forked child workers of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import pytest
+
+from conftest import Harness
+from streamjudge import StreamEvent, guard, semconv
+from streamjudge.config import ConfigError, Settings, load_settings
+from streamjudge.judging.base import METRICS, EvalInput, JudgeError, JudgeResult, TransientJudgeError
+from streamjudge.judging.judges import create_judge
+from streamjudge.judging.judges._process import JudgeSpec, ProcessJudge
+from streamjudge.judging.judges.local import LocalJudge
+from streamjudge.judging.pool import JobOutcome, JudgeJob, JudgePool
+
+QUESTION = "When was the Eiffel Tower completed, and how tall is it?"
+CONTEXTS = (
+    "The Eiffel Tower in Paris was completed in 1889 for the World's Fair. It is 330 metres tall.",
+    "Gustave Eiffel's company designed and built the tower.",
+)
+ANSWERS = (
+    "The Eiffel Tower was completed in 1889. It is 330 metres tall.",
+    "The Eiffel Tower was completed in 1899 by Gustave Eiffel's company.",
+    "It is not 330 metres tall. The tower was painted green in 2001.",
+    "Here is what I found.",
+    "",
+)
+
+
+def items() -> list[EvalInput]:
+    out: list[EvalInput] = []
+    for i, answer in enumerate(ANSWERS):
+        for contexts in (CONTEXTS, CONTEXTS[:1], (f"Report {i}: the plant produced {1000 + i} units in 1990.",)):
+            out.append(EvalInput(QUESTION, contexts, answer, kind="checkpoint",
+                                 prefix="The tower stands in Paris. ", offset=27))
+            out.append(EvalInput(QUESTION, contexts, answer, kind="answer", reference=ANSWERS[0]))
+    return out
+
+
+def judge(processes: int = 1, **settings: object) -> ProcessJudge:
+    return ProcessJudge(JudgeSpec("local", Settings(**settings), "checkpoint"), processes=processes)  # type: ignore[arg-type]
+
+
+def children() -> set[int]:
+    """This process's child processes (zombies included: a child not yet reaped is still listed)."""
+    out: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            out.update(int(p) for p in f.read().split())
+    return out
+
+
+async def gather(j: ProcessJudge, its: Sequence[EvalInput], metrics: Sequence[str]) -> list[JudgeResult]:
+    return list(await asyncio.gather(*(j.evaluate(it, metrics) for it in its)))
+
+
+def test_results_equal_the_in_process_local_judge() -> None:
+    its = items()
+    # contexts past a pipe's buffer: the request goes out in pieces, as the pipe takes them
+    big = (CONTEXTS[0] + " The tower has three levels for visitors." * 8000,)
+    its.append(EvalInput(QUESTION, big, ANSWERS[1], kind="checkpoint"))
+    expected = [LocalJudge().evaluate_sync(it, METRICS) for it in its]
+
+    async def go() -> tuple[list[JudgeResult], list[JudgeResult]]:
+        j = judge(processes=2)
+        try:
+            first = await gather(j, its, METRICS)
+            again = await gather(j, its, METRICS)  # contexts now known to the workers by id
+            return first, again
+        finally:
+            await j.aclose()
+
+    first, again = asyncio.run(go())
+    assert first == expected
+    assert again == expected
+    assert any(s.value is not None and s.value < 1 for r in expected for s in r.scores)  # not all alike
+
+
+def test_a_cancelled_call_s_late_reply_goes_to_nobody() -> None:
+    good, bad = (EvalInput(QUESTION, CONTEXTS, a) for a in ANSWERS[:2])
+
+    async def go() -> JudgeResult:
+        j = judge()
+        try:
+            await j.evaluate(good, METRICS)
+            task = asyncio.ensure_future(j.evaluate(good, METRICS))
+            await asyncio.sleep(0)  # sent, not answered yet
+            task.cancel()
+            return await j.evaluate(bad, METRICS)
+        finally:
+            await j.aclose()
+
+    assert asyncio.run(go()) == LocalJudge().evaluate_sync(bad, METRICS)
+
+
+def test_a_killed_worker_fails_its_call_then_a_new_worker_judges() -> None:
+    it = EvalInput(QUESTION, CONTEXTS, ANSWERS[1])
+    expected = LocalJudge().evaluate_sync(it, METRICS)
+
+    async def go() -> None:
+        j = judge()
+        try:
+            assert await j.evaluate(it, METRICS) == expected
+            (pid,) = j.pids
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(JudgeError, match=rf"judge worker {pid} died"):
+                await j.evaluate(it, METRICS)
+            assert await j.evaluate(it, METRICS) == expected
+            assert j.pids and j.pids != (pid,)
+            assert pid not in children()  # reaped, not a zombie
+        finally:
+            await j.aclose()
+
+    asyncio.run(go())
+
+
+def test_the_pool_records_an_error_for_a_killed_worker_and_judges_the_next_job() -> None:
+    j = judge()
+    pool = JudgePool(concurrency=4, max_retries=0)
+    outcomes: list[JobOutcome] = []
+    it = EvalInput(QUESTION, CONTEXTS, ANSWERS[0])
+
+    def run_one(before_outcome: Callable[[], None] = lambda: None) -> JobOutcome:
+        pool.submit(JudgeJob(j, it, ("faithfulness",), outcomes.append))
+        before_outcome()
+        assert pool.force_flush(30_000)
+        return outcomes[-1]
+
+    def kill_while_in_flight() -> None:
+        # a stopped worker cannot answer: the call is surely in flight when the worker dies
+        deadline = time.monotonic() + 30
+        while not j.in_flight and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert j.in_flight == 1
+        os.kill(pid, signal.SIGKILL)
+
+    try:
+        assert run_one().status == "judged"
+        (pid,) = j.pids
+        os.kill(pid, signal.SIGSTOP)
+        failed = run_one(kill_while_in_flight)
+        assert failed.status == "error" and "died" in (failed.error or "")
+        recovered = run_one()
+        assert recovered.status == "judged"
+        assert recovered.result == LocalJudge().evaluate_sync(it, ("faithfulness",))
+        pids = j.pids
+        assert pids
+    finally:
+        pool.shutdown(10_000)  # closes the judges it ran
+    assert not set(pids) & children()
+
+
+def test_aclose_stops_and_reaps_every_worker() -> None:
+    async def go() -> tuple[int, ...]:
+        j = judge(processes=2)
+        await gather(j, items()[:4], ("faithfulness",))
+        pids = j.pids
+        assert len(pids) == 2 and set(pids) <= children()
+        await j.aclose()
+        with pytest.raises(JudgeError, match="closed"):
+            await j.evaluate(items()[0], ("faithfulness",))
+        return pids
+
+    pids = asyncio.run(go())
+    assert not set(pids) & children()
+
+
+def test_both_tiers_of_one_settings_share_the_workers() -> None:
+    s = Settings(judge_processes=1)
+    checkpoint = create_judge("local", s, tier="checkpoint")
+    final = create_judge("local", s, tier="final")
+    assert isinstance(checkpoint, ProcessJudge) and isinstance(final, ProcessJudge)
+    it = items()[1]
+
+    async def go() -> None:
+        assert checkpoint.pids == final.pids
+        assert await final.evaluate(it, METRICS) == LocalJudge().evaluate_sync(it, METRICS)
+        await checkpoint.aclose()
+        assert await final.evaluate(it, METRICS) == LocalJudge().evaluate_sync(it, METRICS)
+        pids = final.pids
+        await final.aclose()
+        assert not set(pids) & children()
+
+    asyncio.run(go())
+
+
+def test_a_forked_child_judges_with_workers_of_its_own() -> None:
+    it = EvalInput(QUESTION, CONTEXTS, ANSWERS[1])
+    expected = LocalJudge().evaluate_sync(it, METRICS)
+    j = judge()
+
+    async def use() -> tuple[JudgeResult, tuple[int, ...]]:
+        return await j.evaluate(it, METRICS), j.pids
+
+    try:
+        result, parent_pids = asyncio.run(use())
+        assert result == expected
+        pid = os.fork()
+        if pid == 0:  # the child: like a gunicorn worker forked after configure
+            code = 1
+            try:
+                got, child_pids = asyncio.run(use())
+                mine = children()
+                asyncio.run(j.aclose())
+                ok = (got == expected and child_pids and not set(child_pids) & set(parent_pids)
+                      and set(child_pids) <= mine and not set(child_pids) & children())
+                code = 0 if ok else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # the parent's workers were not disturbed by the child
+        result, pids_after = asyncio.run(use())
+        assert result == expected and pids_after == parent_pids
+    finally:
+        asyncio.run(j.aclose())
+
+
+class RaisingJudge:
+    """Fails the way a flaky judge does: the error crosses the process boundary with its kind."""
+
+    name = "raising"
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        if "transient" in item.answer:
+            raise TransientJudgeError("503 from judge", retry_after=1.5)
+        raise RuntimeError("judge exploded")
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_judge_errors_keep_their_kind_and_a_judge_that_cannot_be_built_says_why() -> None:
+    async def go() -> None:
+        raising = ProcessJudge(JudgeSpec(f"{__name__}:RaisingJudge", Settings()), processes=1)
+        missing = ProcessJudge(JudgeSpec("no_such_module_xyz:Judge", Settings()), processes=1)
+        try:
+            with pytest.raises(TransientJudgeError, match="503") as info:
+                await raising.evaluate(EvalInput(QUESTION, CONTEXTS, "transient"), METRICS)
+            assert info.value.retry_after == 1.5
+            with pytest.raises(JudgeError, match="RuntimeError: judge exploded") as plain:
+                await raising.evaluate(EvalInput(QUESTION, CONTEXTS, "other"), METRICS)
+            assert not isinstance(plain.value, TransientJudgeError)
+            with pytest.raises(JudgeError, match=r"cannot be built in a worker.*no_such_module_xyz"):
+                await missing.evaluate(EvalInput(QUESTION, CONTEXTS, "x"), METRICS)
+        finally:
+            await raising.aclose()
+            await missing.aclose()
+
+    asyncio.run(go())
+
+
+class ExitingJudge:
+    """Takes its worker down while it is built (a native library crashing at load)."""
+
+    name = "exiting"
+
+    def __init__(self) -> None:
+        os._exit(3)
+
+
+def test_a_worker_that_dies_at_start_up_fails_every_call_with_its_exit_code() -> None:
+    before = children()
+
+    async def go() -> None:
+        j = ProcessJudge(JudgeSpec(f"{__name__}:ExitingJudge", Settings()), processes=1)
+        try:
+            for _ in range(6):  # restarted, then backed off: calls fail, none hangs
+                with pytest.raises(JudgeError, match="exit code 3"):
+                    await j.evaluate(EvalInput(QUESTION, CONTEXTS, "x"), METRICS)
+        finally:
+            await j.aclose()
+        assert children() <= before  # every crashed worker reaped
+
+    asyncio.run(go())
+
+
+class HangingJudge:
+    """Never returns from one input (a native loop that holds its thread)."""
+
+    name = "hanging"
+
+    def evaluate_sync(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        while item.answer == "hang":
+            time.sleep(3600)
+        return JudgeResult(self.name, ())
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        return self.evaluate_sync(item, metrics)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_a_worker_stuck_past_the_judge_timeout_is_replaced() -> None:
+    async def go() -> None:
+        j = ProcessJudge(JudgeSpec(f"{__name__}:HangingJudge", Settings(judge_timeout_s=0.05)), processes=1)
+        try:
+            assert await j.evaluate(EvalInput(QUESTION, CONTEXTS, "fine"), METRICS) == JudgeResult("hanging", ())
+            (stuck,) = j.pids
+            queued = asyncio.ensure_future(j.evaluate(EvalInput(QUESTION, CONTEXTS, "behind it"), METRICS))
+            with pytest.raises(TimeoutError):  # the pool's per-call timeout, as the pool applies it
+                async with asyncio.timeout(0.5):
+                    await j.evaluate(EvalInput(QUESTION, CONTEXTS, "hang"), METRICS)
+            with pytest.raises(JudgeError, match=f"judge worker {stuck} died"):
+                await queued  # queued behind the stuck call: fails, does not hang
+            assert await j.evaluate(EvalInput(QUESTION, CONTEXTS, "fine"), METRICS) == JudgeResult("hanging", ())
+            assert stuck not in j.pids and stuck not in children()
+        finally:
+            await j.aclose()
+
+    async def bounded() -> None:
+        async with asyncio.timeout(60):  # a regression fails here instead of hanging the run
+            await go()
+
+    asyncio.run(bounded())
+
+
+def test_create_judge_wraps_only_cpu_bound_judges_when_asked() -> None:
+    assert isinstance(create_judge("local", Settings()), LocalJudge)
+    other = create_judge(f"{__name__}:RaisingJudge", Settings(judge_processes=1))
+    assert isinstance(other, RaisingJudge)  # an I/O-bound judge stays in-process
+    wrapped = create_judge("local", Settings(judge_processes=1))
+    try:
+        assert isinstance(wrapped, ProcessJudge) and wrapped.name == "local"
+    finally:
+        asyncio.run(wrapped.aclose())
+
+
+def test_settings_name_the_variable_and_raise_the_concurrency_for_processes() -> None:
+    var = "STREAMJUDGE_JUDGE_PROCESSES"
+    for bad in ("two", "-1", "1.5"):
+        with pytest.raises(ConfigError, match=var):
+            load_settings({var: bad})
+    assert load_settings({}).judge_processes == 0
+    assert load_settings({}).concurrency == 4
+    assert load_settings({var: "1"}).concurrency == 4
+    s = load_settings({var: "3"})
+    assert (s.judge_processes, s.concurrency) == (3, 6)
+    assert load_settings({var: "3", "STREAMJUDGE_CONCURRENCY": "2"}).concurrency == 2
+    assert load_settings(judge_processes=4).concurrency == 8
+    with pytest.raises(ConfigError, match="judge_processes"):
+        Settings(judge_processes=-1)
+
+
+def test_a_stream_guarded_with_judge_processes_gets_the_in_process_verdicts(harness: Harness) -> None:
+    answer = ("The Eiffel Tower was completed in 1889 for the World's Fair. It is 330 metres tall. "
+              "It was designed by Leonardo da Vinci in 1920. Gustave Eiffel's company built it.")
+
+    async def words() -> AsyncIterator[str]:
+        for w in answer.split(" "):
+            yield w + " "
+            await asyncio.sleep(0.002)
+
+    def stream() -> tuple[list[tuple[Any, ...]], dict[str, Any], list[Any]]:
+        async def collect() -> list[StreamEvent]:
+            return [ev async for ev in guard(words(), question=QUESTION, contexts=list(CONTEXTS))]
+
+        events = asyncio.run(collect())
+        warnings = sorted((e.data["metric"], e.data["char_start"], e.data["char_end"], e.data["score"])
+                          for e in events if e.type == "warning" and e.data)
+        checkpoints = [s for s in harness.spans() if s.name == semconv.SPAN_CHECKPOINT]
+        statuses = [s.attributes[semconv.EVAL_STATUS] for s in checkpoints]
+        done = {k: v for k, v in (events[-1].data or {}).items() if k not in ("ttft_ms", "stream_id")}
+        return warnings, done, statuses
+
+    harness.configure()
+    in_process = stream()
+    rt = harness.configure(judge_processes=1)
+    assert isinstance(rt.judge_for("checkpoint"), ProcessJudge)
+    assert isinstance(rt.judge_for("answer"), ProcessJudge)
+    in_workers = stream()
+    assert in_workers == in_process
+    warnings, done, statuses = in_workers
+    assert warnings and done["verdict"] == "flagged" and set(statuses) == {"judged"}
+    pids = rt.judge_for("checkpoint").pids  # type: ignore[attr-defined]
+    assert pids
+    rt.shutdown()  # the pool closes its judges: the workers go
+    assert not set(pids) & children()
