@@ -118,15 +118,12 @@ def test_many_requests_with_1mb_contexts_keep_a_bounded_amount(harness: Harness)
     assert kept < limit * 1.5, f"{kept / 1e6:.0f} MB kept after 300 requests with 1 MB contexts"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: the local judge's IndexCache (judging/judges/_local_index.py) is bounded by count (32 indexes), "
-    "not by size; an index is ~17x its contexts' text, so 36 streams with 150 KB contexts keep ~80 MB "
-    "after they ended, and 32 streams at max_judge_input_chars (2M) would keep ~1 GB"))
 @pytest.mark.timeout(180)
 def test_the_local_judges_caches_are_bounded_by_size_not_by_count(harness: Harness) -> None:
     rt = harness.configure(None, preflight=False, end_wait_s=0.2, judge_cpu_share=0.0)
     rt.contexts = ContextStore()  # this test's own, empty: earlier tests' entries do not blur the figures
-    streams, chars = 36, 150_000  # more streams than the cache's 32 entries
+    # more streams than the old cache's 32 entries, each context larger than the analysis cache takes
+    streams, chars = 36, 300_000
 
     async def main() -> None:
         for i in range(streams):

@@ -72,10 +72,6 @@ def test_streams_finish_within_end_wait_while_the_judge_blocks_its_thread(
         blocked.release.set()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: JudgeSpanProcessor enforces hold_timeout_s only when a later expect() or force_flush() sweeps "
-    "(processor._expire); with no further traffic a span held for a judge that blocks its thread waits "
-    "until the judge returns or shutdown. Needs a timer in judging/processor.py."))
 @pytest.mark.timeout(60)
 def test_a_span_held_for_a_blocked_judge_goes_out_as_timeout_after_hold_timeout(
         harness: Harness, blocked: BlockingJudge) -> None:

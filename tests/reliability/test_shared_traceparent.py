@@ -64,11 +64,6 @@ def test_concurrent_requests_with_their_own_traces_are_judged_apart(harness: Har
         uninstrument_app(app)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: streams are bound by trace id (instrumentation/_binding.py, 'the latest wins') and LangGraph "
-    "callbacks look the stream up by trace id: two concurrent requests with one client traceparent share "
-    "one guard session; its stream span interleaves both answers ('TheThe Eiffel Eiffel ...') and the "
-    "grounded request's client receives the warning about the other request's invented sentence"))
 @pytest.mark.timeout(60)
 def test_concurrent_requests_sharing_a_client_traceparent_are_judged_apart(
         harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:

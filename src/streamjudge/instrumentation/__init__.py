@@ -68,12 +68,24 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         # any one of the instrumented libraries is enough
         return get_dependency_conflicts(_instruments, _instruments_any)
 
+    def instrument(self, **kwargs: Any) -> Any:
+        """Instrument LangGraph and every FastAPI app created from now on (see the class docstring)."""
+        if self.is_instrumented_by_opentelemetry and getattr(self, "_langgraph_only", False):
+            # instrument_app() set LangGraph up for one app: the process-wide call adds the web part now
+            # (the base class would see "instrumented" and silently do nothing)
+            self._langgraph_only = False
+            self._middleware_options: dict[str, Any] = dict(kwargs.get("middleware_options") or {})
+            self._instrument_web()
+            return None
+        return super().instrument(**kwargs)
+
     def _instrument(self, **kwargs: Any) -> None:
+        self._langgraph_only = False
         settings: Settings | None = kwargs.get("settings")
         provider: SDKTracerProvider | None = kwargs.get("tracer_provider")
         rt = ensure_runtime(settings, provider)
         self._settings = settings or rt.settings
-        self._middleware_options: dict[str, Any] = dict(kwargs.get("middleware_options") or {})
+        self._middleware_options = dict(kwargs.get("middleware_options") or {})
         self._patched: list[tuple[Any, str]] = []
         self._enabled_openinference = False
         self._handler: Any = None
@@ -245,6 +257,7 @@ def instrument_app(
         instrumentor._apps = weakref.WeakSet()
         instrumentor._instrument_langgraph(rt)
         instrumentor._is_instrumented_by_opentelemetry = True
+        instrumentor._langgraph_only = True  # a later instrument() still instruments the web part
     if getattr(app, "_streamjudge_instrumented", False):
         return app
     if instrument_requests:

@@ -18,6 +18,8 @@ Bindings are found by trace id: the request span's trace is the graph's trace.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,14 +35,18 @@ Source = Literal["graph", "body", "app"]
 
 _lock = threading.Lock()
 _bindings: dict[int, StreamBinding] = {}
+# the request's own stream, seen by the graph's callbacks and the model tap that run in its context: two
+# concurrent requests that share a client's traceparent share a trace id, never a stream
+_current: contextvars.ContextVar[StreamBinding | None] = contextvars.ContextVar("streamjudge_binding",
+                                                                                  default=None)
 _opening = threading.local()  # the binding whose own session is being opened on this thread
 
 
 class StreamBinding:
     """The guard session of one answer stream, opened lazily at its first token."""
 
-    __slots__ = ("_attributes", "_lock", "_name", "_parent", "_pending", "closed", "driver", "node_start_ns",
-                 "owner", "regenerate", "request_start_ns", "session", "source", "trace_id")
+    __slots__ = ("_attributes", "_lock", "_name", "_parent", "_pending", "closed", "ctx_token", "driver",
+                 "node_start_ns", "owner", "regenerate", "request_start_ns", "session", "source", "trace_id")
 
     def __init__(
         self,
@@ -70,6 +76,8 @@ class StreamBinding:
         self._attributes = dict(attributes or {})
         self._pending: list[StreamEvent] = []
         self._lock = threading.Lock()
+        #: set by :func:`bind`: restores the context's previous stream at :func:`unbind`
+        self.ctx_token: contextvars.Token[StreamBinding | None] | None = None
 
     # -- hot path --------------------------------------------------------------------------------
     def feed(self, token: str, source: Source) -> None:
@@ -194,21 +202,32 @@ class StreamBinding:
         return out
 
 
-def bind(binding: StreamBinding) -> None:
-    """Make ``binding`` the stream of its trace (the latest wins)."""
+def bind(binding: StreamBinding) -> contextvars.Token[StreamBinding | None]:
+    """Make ``binding`` the stream of the current context (the request) and of its trace (the latest wins,
+    for code that runs outside the request's context). Returns the token for :func:`unbind`."""
     with _lock:
         _bindings[binding.trace_id] = binding
+    binding.ctx_token = _current.set(binding)
+    return binding.ctx_token
 
 
 def unbind(binding: StreamBinding) -> None:
-    """Forget ``binding`` if it is still the stream of its trace."""
+    """Forget ``binding`` if it is still the stream of its trace, and as the stream of its context."""
     with _lock:
         if _bindings.get(binding.trace_id) is binding:
             del _bindings[binding.trace_id]
+    token, binding.ctx_token = binding.ctx_token, None
+    if token is not None:
+        with contextlib.suppress(ValueError):  # reset from another context: nothing to undo there
+            _current.reset(token)
 
 
 def lookup(trace_id: int) -> StreamBinding | None:
-    """The stream bound to ``trace_id``, if any."""
+    """The stream of ``trace_id``: the current request's own when it is of that trace, else the latest one
+    bound to it."""
+    own = _current.get()
+    if own is not None and own.trace_id == trace_id and not own.closed:
+        return own
     return _bindings.get(trace_id)
 
 

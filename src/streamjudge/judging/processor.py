@@ -82,6 +82,7 @@ class JudgeSpanProcessor(SpanProcessor):
         self._sinks = tuple(sinks)
         self._capture = capture_content
         self._slots: dict[int, _Slot] = {}  # in order of expect(): the oldest first
+        self._sweeper: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
         after_fork_in_child(self, JudgeSpanProcessor._after_fork)
@@ -98,6 +99,7 @@ class JudgeSpanProcessor(SpanProcessor):
         # spans held in the parent are exported by the parent; the child starts clean
         self._lock = threading.Lock()
         self._slots = {}
+        self._sweeper = None
 
     @property
     def owns_export(self) -> bool:
@@ -151,8 +153,27 @@ class JudgeSpanProcessor(SpanProcessor):
         with self._lock:
             self._slots[span_id] = _Slot(expected_at=now)
             first = next(iter(self._slots.values()))
+            if self._sweeper is None or not self._sweeper.is_alive():
+                self._start_sweeper()
         if now - first.expected_at > self._hold_timeout:
             self._expire(now)
+
+    def _start_sweeper(self) -> None:
+        # called with the lock held. A judge that blocks its thread stops the pool, so the hold timeout
+        # needs a clock of its own: a daemon thread that wakes once per quarter timeout while spans wait,
+        # and ends when none does
+        self._sweeper = threading.Thread(target=self._sweep, name="streamjudge-hold-timeout", daemon=True)
+        self._sweeper.start()
+
+    def _sweep(self) -> None:
+        period = max(0.01, min(self._hold_timeout / 4, 1.0))
+        while not self._closed:
+            time.sleep(period)
+            with self._lock:
+                if not self._slots:
+                    self._sweeper = None
+                    return
+            self._expire(time.monotonic())
 
     def _expire(self, now: float) -> None:
         """Export spans whose result is overdue (a judge that blocks its thread or ignores cancellation):

@@ -134,9 +134,11 @@ class PartCache:
     """A small thread-safe LRU of :class:`ContextPart` by context text, shared by the indexes of one
     judge: retrieval returns the same documents for many questions, and a tuple may repeat one."""
 
-    def __init__(self, size: int = 128, max_chars: int = 1 << 16) -> None:
+    def __init__(self, size: int = 128, max_chars: int = 1 << 16, total_chars: int = 256_000) -> None:
         self._size = size
         self._max_chars = max_chars  # huge contexts are analysed each time rather than pinned in memory
+        self._total = total_chars  # and all of them together are bounded by size, not only by count
+        self._chars = 0
         self._lock = threading.Lock()
         self._data: OrderedDict[str, ContextPart] = OrderedDict()
 
@@ -151,9 +153,13 @@ class PartCache:
                 return part
         part = ContextPart.of(context)
         with self._lock:
+            if context in self._data:
+                return self._data[context]
             self._data[context] = part
-            if len(self._data) > self._size:
-                self._data.popitem(last=False)
+            self._chars += len(context)
+            while len(self._data) > self._size or self._chars > self._total:
+                old, _ = self._data.popitem(last=False)
+                self._chars -= len(old)
         return part
 
 
@@ -444,14 +450,22 @@ def fact_keys(facts: Facts) -> frozenset[str]:
 
 
 class IndexCache:
-    """A small thread-safe LRU of :class:`ContextIndex` by contexts tuple."""
+    """A thread-safe LRU of :class:`ContextIndex` by contexts tuple, bounded by the chars it indexes.
 
-    def __init__(self, size: int = 32, claim_cache_size: int = 4096) -> None:
+    An index holds ~17 bytes per char of its contexts: a bound by count alone let 32 large context sets
+    keep ~1 GB, and a small count made the cache thrash once more streams with distinct contexts were live
+    than it had entries. A contexts tuple over the whole bound is indexed for its stream and not kept.
+    """
+
+    def __init__(self, size: int = 512, claim_cache_size: int = 4096, max_chars: int = 1_000_000) -> None:
         self._size = max(1, size)
+        self._max_chars = max_chars
+        self._chars = 0
         self._claim_cache_size = claim_cache_size
-        self._parts = PartCache(max(8, 4 * self._size))
+        self._parts = PartCache(max(8, min(4 * self._size, 1024)))
         self._lock = threading.Lock()
         self._data: OrderedDict[tuple[str, ...], ContextIndex] = OrderedDict()
+        self._sizes: dict[tuple[str, ...], int] = {}
 
     def get(self, contexts: tuple[str, ...]) -> ContextIndex:
         """The index of ``contexts``, built on first use."""
@@ -462,20 +476,28 @@ class IndexCache:
                 return idx
         # built outside the lock: a 1 MB context must not stall other streams' lookups
         idx = ContextIndex(contexts, claim_cache_size=self._claim_cache_size, parts=self._parts)
+        chars = sum(len(c) for c in contexts)
+        if chars > self._max_chars:
+            return idx
         with self._lock:
             existing = self._data.get(contexts)
             if existing is not None:
                 return existing
             self._data[contexts] = idx
-            if len(self._data) > self._size:
-                self._data.popitem(last=False)
+            self._sizes[contexts] = chars
+            self._chars += chars
+            while len(self._data) > self._size or self._chars > self._max_chars:
+                old, _ = self._data.popitem(last=False)
+                self._chars -= self._sizes.pop(old)
         return idx
 
     def clear(self) -> None:
         """Forget every index (and with them all cached claim verdicts and context analyses)."""
         with self._lock:
             self._data.clear()
-            self._parts = PartCache(max(8, 4 * self._size))
+            self._sizes.clear()
+            self._chars = 0
+            self._parts = PartCache(max(8, min(4 * self._size, 1024)))
 
     def __len__(self) -> int:
         with self._lock:

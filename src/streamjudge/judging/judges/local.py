@@ -84,7 +84,7 @@ class LocalJudge:
 
     name = "local"
 
-    def __init__(self, *, index_cache_size: int = 32, claim_cache_size: int = 4096) -> None:
+    def __init__(self, *, index_cache_size: int = 512, claim_cache_size: int = 4096) -> None:
         self._indexes = IndexCache(index_cache_size, claim_cache_size)
 
     @classmethod
