@@ -166,8 +166,9 @@ class GuardedStream:
                             tok = await source.__anext__()
                         except StopAsyncIteration:
                             break
-                    elif (pending and slow) or s.preflight_pending:
-                        # verdicts in flight and a slow source: race the next token against them
+                    elif (pending or s.preflight_pending) and slow:
+                        # verdicts in flight and a slow source: race the next token against them (a fast
+                        # one sees them before its next token anyway; racing would cost each token a task)
                         if nxt is None:
                             nxt_started = perf_counter()
                             nxt = asyncio.ensure_future(source.__anext__())
