@@ -89,3 +89,24 @@ def preflight_gate(verdict: Verdict, threshold: float, action: str) -> Preflight
         "action": action,
     }
     return PreflightGate(attributes, action, data)
+
+
+class PassedPrefix:
+    """How far the answer is judged good, contiguous from its start, from verdicts that may arrive out of
+    order: a regeneration continues from here."""
+
+    __slots__ = ("_ranges", "end")
+
+    def __init__(self, start: int = 0) -> None:
+        self.end = start
+        self._ranges: dict[int, int] = {}  # passed ranges not yet contiguous with ``end``
+
+    def mark(self, start: int, end: int) -> None:
+        """``start``..``end`` passed."""
+        if end <= start:
+            return
+        self._ranges[start] = end
+        good = self.end
+        while good in self._ranges:
+            good = self._ranges.pop(good)
+        self.end = good

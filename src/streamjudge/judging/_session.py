@@ -21,13 +21,20 @@ from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
-from streamjudge.judging._actions import passed_until, preflight_gate, warning_data
+from streamjudge.judging._actions import PassedPrefix, passed_until, preflight_gate, warning_data
 from streamjudge.judging._backend import StreamBackend, default_backend, stream_started
-from streamjudge.judging._telemetry import ANSWER_KEYS, CHECKPOINT_KEYS, set_text, skip_attributes
+from streamjudge.judging._requests import StreamRequests
+from streamjudge.judging._telemetry import (
+    ANSWER_KEYS,
+    CHECKPOINT_KEYS,
+    defer_final,
+    set_text,
+    skip_attributes,
+)
 from streamjudge.judging._telemetry import capped as span_text
 from streamjudge.judging._tokens import TokenText
 from streamjudge.judging._windows import ReleaseOrder, Transcript, Window, Windows
-from streamjudge.results import EvalInput, EvalKind, JobOutcome, JudgeRequest, JudgeResult, Verdict
+from streamjudge.results import EvalKind, JobOutcome, JudgeRequest, JudgeResult, Verdict
 
 if TYPE_CHECKING:
     from streamjudge.config import Settings
@@ -108,7 +115,7 @@ class GuardSession:
         s = self.settings
         #: tokens are released only after their window passed (drivers must not emit them themselves)
         self.hold_back = s.mode == "hold_back"
-        self._thresholds = {m: s.threshold_for(m) for m in (*s.checkpoint_metrics, *s.final_metrics)}
+        self._requests = StreamRequests(s, self.post, coalesce=not self.hold_back)
         self._windows = Windows(s.window_sentences, s.window_chars, s.checkpoint_every)
         self._text = TokenText(self._record_skip)
         self._order = ReleaseOrder()
@@ -116,14 +123,12 @@ class GuardSession:
         self._verdict = "unjudged"
         self._judging = True  # decided once at start: sampling, content size
         self._unjudged_status = ""
-        self._session_id: str | None = None
         self._skip_checks: str | None = None
         self._next_index = 0
         self._window_start_ns = 0
         self._checkpoints: dict[int, _Checkpoint] = {}
         self._pending = self._checkpoints  # its truthiness is the drivers' "verdicts in flight?"
-        self._good_end = 0  # the answer up to here passed (contiguous from the start)
-        self._passed: dict[int, int] = {}  # passed ranges not yet contiguous with _good_end
+        self._good = PassedPrefix()
         self._failed = False  # a sentence failed since the last regeneration
         self._skips: dict[str, int] = {}
         # set by an event-loop driver: schedules a callback for after the current token went out
@@ -221,8 +226,8 @@ class GuardSession:
             self.contexts = self.contexts if self.contexts is not None else stored.contexts
             self.reference = self.reference if self.reference is not None else stored.reference
             if stored.session_id:
-                self._session_id = stored.session_id
                 span.set_attribute(semconv.SESSION_ID, stored.session_id)
+        self._requests.bind(span, stored.session_id if stored is not None else None)
         if self.question is not None and settings.capture_content:
             span.set_attribute(semconv.STREAM_QUESTION, self.question)
             span.set_attribute(semconv.INPUT_VALUE, self.question)
@@ -259,42 +264,9 @@ class GuardSession:
         if not had and self.settings.preflight and self._judging and not self._stats.tokens:
             self._preflight()
 
-    def _request(self, kind: EvalKind, text: str, *, prefix: str = "", offset: int = 0, index: int = -1,
-                 target: trace.Span | None = None, target_name: str = "") -> JudgeRequest:
-        s = self.settings
-        metrics = (
-            s.checkpoint_metrics if kind == "checkpoint"
-            else s.final_metrics if kind == "answer" else (semconv.CONTEXT_PRECISION,)
-        )
-        thresholds = self._thresholds
-        if kind == "preflight":
-            thresholds = {semconv.CONTEXT_PRECISION: s.preflight_threshold}
-        target_id = 0
-        if target is not None and self._recording:
-            target_id = target.get_span_context().span_id
-        attributes: dict[str, str | int | float | bool] = {semconv.STREAM_ID: self._stream_hex}
-        if index >= 0:
-            attributes[semconv.CHECKPOINT_INDEX] = index
-        if self._session_id:
-            attributes[semconv.SESSION_ID] = self._session_id
-        return JudgeRequest(
-            item=EvalInput(self.question or "", self.contexts or (), text, kind, self.reference,
-                           prefix, offset),
-            metrics=tuple(metrics),
-            thresholds=thresholds,
-            default_threshold=s.threshold,
-            index=index,
-            # the final pass outlives the stream: it must not count against (or re-create) per-stream state
-            stream_id=self._span_id if kind != "answer" else 0,
-            trace_id=self._trace_id,
-            target_span_id=target_id,
-            target_trace_id=self._trace_id,
-            target_name=target_name,
-            # hold-back releases a window only on its own verdict: no coalescing there
-            coalesce=kind == "checkpoint" and not self.hold_back,
-            reply=self.post,
-            attributes=attributes,
-        )
+    def _request(self, kind: EvalKind, text: str, **where: Any) -> JudgeRequest:
+        return self._requests.make(kind, text, question=self.question, contexts=self.contexts,
+                                   reference=self.reference, **where)
 
     def _preflight(self) -> None:
         if self.contexts is None:
@@ -409,7 +381,8 @@ class GuardSession:
         service.end_stream(self._span_id)
         skip = self._final_skip(outcome, text)
         if skip is None and self.settings.final_pass == "deferred":
-            self._defer_final(span, text)
+            defer_final(span, text, self.question, self.contexts, self.reference,
+                        capture=self.settings.capture_content, limit=self.settings.max_judge_input_chars)
             if not self.final.done():
                 self.final.set_result(None)
         elif skip is None:
@@ -423,21 +396,6 @@ class GuardSession:
         span.end()
         self._emit(StreamEvent("done", data=summary))
         return self._take()
-
-    def _defer_final(self, span: trace.Span, text: str) -> None:
-        """Leave the final pass to a ``streamjudge worker``: the answer span carries what it needs."""
-        span.set_attribute(semconv.EVAL_STATUS, "deferred")
-        if not self.settings.capture_content:
-            # the policy wins: a worker cannot judge what was not captured, and says so
-            span.set_attribute(semconv.EVAL_SKIP_REASON, "deferred_without_content")
-            return
-        limit = self.settings.max_judge_input_chars
-        span.set_attribute(semconv.STREAM_ANSWER, text[:limit])  # whole, not capped for display
-        span.set_attribute(semconv.STREAM_CONTEXTS, list(self.contexts or ()))
-        if self.question is not None:
-            span.set_attribute(semconv.STREAM_QUESTION, self.question)
-        if self.reference is not None:
-            span.set_attribute(semconv.STREAM_REFERENCE, self.reference)
 
     def _final_skip(self, outcome: str, text: str) -> str | None:
         if not self._judging:
@@ -480,11 +438,10 @@ class GuardSession:
         self.regen_request = None
         self._stats.regenerations += 1
         self._checkpoints.clear()  # verdicts of retracted text are ignored from here on
-        self._passed.clear()
         prefix = req.accepted_prefix
         s = self.settings
         self._windows = Windows(s.window_sentences, s.window_chars, s.checkpoint_every, prefix)
-        self._good_end = len(prefix)
+        self._good = PassedPrefix(len(prefix))
         self._failed = False
         # hold-back: the retracted windows were never released; the new ones are released from here
         self._order.restart(self._next_index)
@@ -578,7 +535,7 @@ class GuardSession:
         self._stats.judged_any = True
         failed = v.failed if not self._skip_checks else ()
         if not self._failed:
-            self._mark_passed(v.start, passed_until(v))
+            self._good.mark(v.start, passed_until(v))
         if not failed:
             if self._verdict == "unjudged":
                 self._verdict = "pass"
@@ -587,22 +544,13 @@ class GuardSession:
             return
         self._alert(v, cp)
 
-    def _mark_passed(self, start: int, end: int) -> None:
-        if end <= start:
-            return
-        self._passed[start] = end
-        good = self._good_end
-        while good in self._passed:
-            good = self._passed.pop(good)
-        self._good_end = good
-
     def _alert(self, v: Verdict, cp: _Checkpoint) -> None:
         st = self._stats
         st.alerts += 1
         self._failed = True
         score = v.failed[0]
         action = self.settings.action
-        data = warning_data(v, score, self._threshold(score.name), action)
+        data = warning_data(v, score, self._requests.threshold(score.name), action)
         if st.first_alert_char is None:
             st.first_alert_char = data["char_end"]
         if self._span is not None:
@@ -637,13 +585,10 @@ class GuardSession:
             if self.hold_back:
                 self._release_tokens(cp)
 
-    def _threshold(self, metric: str) -> float:
-        return self._thresholds.get(metric, self.settings.threshold)
-
     def _start_regeneration(self, v: Verdict) -> None:
         self._verdict = "regenerated"
         text = self._windows.text()
-        keep = self._good_end
+        keep = self._good.end
         while keep > 0 and text[keep - 1].isspace():
             keep -= 1  # the continuation brings its own separator
         shown = len(text)

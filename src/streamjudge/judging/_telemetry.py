@@ -45,3 +45,21 @@ def skip_attributes(skips: Mapping[str, int]) -> dict[str, AttributeValue]:
         return {}
     reasons = sorted(skips)
     return {semconv.SKIP_REASONS: reasons, semconv.SKIP_COUNTS: [skips[r] for r in reasons]}
+
+
+def defer_final(
+    span: trace.Span, text: str, question: str | None, contexts: tuple[str, ...] | None,
+    reference: str | None, *, capture: bool, limit: int,
+) -> None:
+    """Leave the final pass to a ``streamjudge worker``: the answer span carries what it needs, once."""
+    span.set_attribute(semconv.EVAL_STATUS, "deferred")
+    if not capture:
+        # the policy wins: a worker cannot judge what was not captured, and says so
+        span.set_attribute(semconv.EVAL_SKIP_REASON, "deferred_without_content")
+        return
+    span.set_attribute(semconv.STREAM_ANSWER, text[:limit])  # whole, not capped for display
+    span.set_attribute(semconv.STREAM_CONTEXTS, list(contexts or ()))
+    if question is not None:
+        span.set_attribute(semconv.STREAM_QUESTION, question)
+    if reference is not None:
+        span.set_attribute(semconv.STREAM_REFERENCE, reference)
