@@ -69,3 +69,27 @@ def test_node_spans_contexts_and_answer_stream(harness) -> None:  # type: ignore
     harness.exporter.clear()
     _run(rag.build_graph(), "How tall is the Eiffel Tower?")
     assert not [s for s in harness.spans() if s.name == semconv.SPAN_STREAM]
+
+
+def test_without_content_capture_openinference_spans_carry_no_text_either(harness) -> None:  # type: ignore[no-untyped-def]
+    # STREAMJUDGE_CAPTURE_CONTENT=false maps onto openinference's own hiding settings: the LangChain spans
+    # streamjudge switches on must not export the question, the documents or the answer
+    rt = harness.configure(end_wait_s=0.5, capture_content=False)
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    oi = LangChainInstrumentor()
+    if oi.is_instrumented_by_opentelemetry:  # an earlier test's: this one must switch it on itself
+        oi.uninstrument()
+    inst = StreamJudgeInstrumentor()
+    inst.instrument()
+    try:
+        question = "How tall is the Eiffel Tower?"
+        with rt.tracer.start_as_current_span("request"):
+            answer = _run(rag.build_graph(), question, hallucinate=True)
+        spans = harness.spans()
+    finally:
+        inst.uninstrument()
+    assert any(semconv.NODE_NAME in s.attributes for s in spans)  # the graph was traced
+    leaked = [(s.name, k) for s in spans for k, v in s.attributes.items()
+              if isinstance(v, str) and (question in v or "330 metres" in v or answer[:40] in v)]
+    assert leaked == []

@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from opentelemetry import context as otel_context
 from opentelemetry import metrics
 
 from streamjudge import semconv
 from streamjudge._deadline import bounded_millis
 from streamjudge._redact import redact
+from streamjudge._sdk import suppress_instrumentation
 from streamjudge.exporters.base import EvaluationRecord
 from streamjudge.results import Score
 
@@ -353,13 +353,11 @@ class HttpBridge:
 
     def _run(self) -> None:
         # the bridge's own HTTP I/O must never be traced into the application's traces
-        token = otel_context.attach(otel_context.set_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY, True))
-        try:
-            asyncio.run(self._main())
-        except Exception:
-            _logger.exception("%s: delivery worker stopped unexpectedly", self.name)
-        finally:
-            otel_context.detach(token)
+        with suppress_instrumentation():
+            try:
+                asyncio.run(self._main())
+            except Exception:
+                _logger.exception("%s: delivery worker stopped unexpectedly", self.name)
             # whatever the worker could not handle counts as done so that flushes do not hang
             with self._cond:
                 self._taken = max(self._taken, self._emitted - len(self._queue))

@@ -47,6 +47,24 @@ def _unwrap(obj: Any, attr: str) -> None:
         setattr(obj, attr, func.__wrapped__)
 
 
+def _openinference_config(settings: Settings) -> dict[str, Any]:
+    """openinference's own hiding settings for streamjudge's content-capture policy: with capture off, the
+    LangChain spans it switches on must not export question, documents or answer either."""
+    if settings.capture_content:
+        return {}
+    try:
+        from openinference.instrumentation import TraceConfig
+    except ImportError:  # an openinference too old to hide content: say so rather than leak quietly
+        _log.warning("streamjudge: STREAMJUDGE_CAPTURE_CONTENT=false, but this openinference cannot hide "
+                     "LangChain inputs and outputs")
+        return {}
+    return {"config": TraceConfig(
+        hide_inputs=True, hide_outputs=True, hide_input_messages=True, hide_output_messages=True,
+        hide_input_text=True, hide_output_text=True, hide_prompts=True, hide_choices=True,
+        hide_retrieval_documents=True, hide_embeddings_text=True, hide_llm_invocation_parameters=True,
+    )}
+
+
 class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Zero-code instrumentation of LangGraph + FastAPI streaming apps.
 
@@ -109,7 +127,7 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
             oi = LangChainInstrumentor()
             if not oi.is_instrumented_by_opentelemetry:
-                oi.instrument(tracer_provider=rt.tracer_provider)
+                oi.instrument(tracer_provider=rt.tracer_provider, **_openinference_config(rt.settings))
                 self._enabled_openinference = True
             oi_tracer_cls = OpenInferenceTracer
             node_span_lookup = oi.get_span

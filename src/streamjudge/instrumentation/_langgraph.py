@@ -34,6 +34,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from streamjudge import semconv
 from streamjudge._context import ContextStore
+from streamjudge._sdk import is_instrumentation_enabled
 from streamjudge.instrumentation import _binding, _model
 from streamjudge.instrumentation._binding import StreamBinding
 
@@ -44,10 +45,7 @@ CONTEXT_KEYS: tuple[str, ...] = ("documents", "contexts", "context", "docs", "re
 _NOSTREAM_TAGS = frozenset({"nostream", "langsmith:nostream"})
 _MAX_RUNS = 20_000  # a run that never ends (cancelled without callbacks) must not grow the map forever
 
-try:  # the suppression key: judge LLM calls run with it set and must stay invisible
-    from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
-except ImportError:  # pragma: no cover - very old API
-    _SUPPRESS_INSTRUMENTATION_KEY = "suppress_instrumentation"  # type: ignore[assignment]
+# judge LLM calls run with instrumentation suppressed (the public helper) and must stay invisible
 
 
 class _Run:
@@ -197,7 +195,7 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+        if not is_instrumentation_enabled():
             return
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
         run = self._new_run(run_id, parent_run_id, metadata)
@@ -331,7 +329,7 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
 
     def _llm_start(self, run_id: UUID, parent_run_id: UUID | None, tags: list[str] | None,
                    metadata: dict[str, Any] | None) -> None:
-        if otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+        if not is_instrumentation_enabled():
             return
         run = self._new_run(run_id, parent_run_id, metadata)
         run.answer = (
@@ -385,7 +383,7 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        if otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+        if not is_instrumentation_enabled():
             return
         self._new_run(run_id, parent_run_id, metadata)
 
@@ -402,7 +400,7 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, metadata: dict[str, Any] | None = None,
                       **kwargs: Any) -> None:
-        if otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+        if not is_instrumentation_enabled():
             return
         self._new_run(run_id, parent_run_id, metadata)
 
@@ -589,7 +587,7 @@ class GraphRootWrapper:
 
         if var_child_runnable_config.get() is not None:
             return False
-        if otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+        if not is_instrumentation_enabled():
             return False
         return not trace.get_current_span().get_span_context().is_valid
 

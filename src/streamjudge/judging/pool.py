@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import metrics
 
-from streamjudge import semconv
+from streamjudge import _sdk, semconv
 from streamjudge._fork import after_fork_in_child
 from streamjudge._redact import redact
 from streamjudge.judging.base import EvalInput, Judge, JudgeResult, Score, TransientJudgeError
@@ -35,9 +35,6 @@ __all__ = ["JobOutcome", "JobStatus", "JudgeJob", "JudgePool"]
 
 _log = logging.getLogger(__name__)
 
-# the SDK's key: instrumentations (httpx, openai, requests...) check it and create no spans, so the judge's
-# own I/O never lands in the judged trace
-_SUPPRESS_KEY = otel_context._SUPPRESS_INSTRUMENTATION_KEY
 _MAX_BACKOFF_S = 10.0
 _POLL_S = 0.001  # the idle dispatcher's polling period while it lingers
 
@@ -442,8 +439,11 @@ class JudgePool:
             self._idle.notify_all()
 
     async def _run(self, job: JudgeJob) -> None:
-        no_trace = otel_context.set_value(_SUPPRESS_KEY, True, otel_context.Context())
-        token = otel_context.attach(no_trace)
+        # an empty context with instrumentation suppressed (the public helper's key): instrumentations
+        # (httpx, openai, requests...) create no spans, so the judge's own I/O never lands in a judged trace
+        token = otel_context.attach(otel_context.Context())
+        quiet = _sdk.suppress_instrumentation()
+        quiet.__enter__()
         attempts = 0
         outcome: JobOutcome
         try:
@@ -478,6 +478,7 @@ class JudgePool:
                     outcome = JobOutcome("error", error=_describe(exc), attempts=attempts)
                     break
         finally:
+            quiet.__exit__(None, None, None)
             otel_context.detach(token)
         if outcome.status == "error":
             self._m_errors.add(1, {semconv.METRIC_ATTR_JUDGE: getattr(job.judge, "name", "?")})

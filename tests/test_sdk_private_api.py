@@ -1,0 +1,62 @@
+"""Pins every piece of the OpenTelemetry SDK's private API streamjudge uses (all of it in streamjudge._sdk):
+an SDK upgrade that changes one fails here, loudly, instead of silently in production."""
+
+from __future__ import annotations
+
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from streamjudge import _sdk
+
+
+class _Named(SpanProcessor):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ended: list[str] = []
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.ended.append(span.name)
+
+
+def test_the_provider_still_keeps_its_processors_where_streamjudge_reads_them() -> None:
+    provider = TracerProvider()
+    active = provider._active_span_processor
+    assert hasattr(active, "_span_processors") and isinstance(active._span_processors, tuple)
+    assert hasattr(active, "_lock") and hasattr(active._lock, "__enter__")
+
+
+def test_list_set_and_remove_span_processors() -> None:
+    provider = TracerProvider()
+    a, b = _Named("a"), _Named("b")
+    provider.add_span_processor(a)
+    provider.add_span_processor(b)
+    assert _sdk.span_processors(provider) == (a, b)
+    _sdk.set_span_processors(provider, (b, a))
+    assert _sdk.span_processors(provider) == (b, a)
+    assert _sdk.remove_span_processor(provider, a) and _sdk.span_processors(provider) == (b,)
+    assert not _sdk.remove_span_processor(provider, a)
+    provider.get_tracer("t").start_span("s").end()
+    assert b.ended == ["s"] and a.ended == []  # the provider calls exactly what is set
+
+
+def test_watching_processors_sees_one_added_later_and_keeps_the_method_working() -> None:
+    provider = TracerProvider()
+    seen: list[SpanProcessor] = []
+    _sdk.watch_span_processors(provider, seen.append)
+    exporter = InMemorySpanExporter()
+    later = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(later)
+    assert seen == [later]
+    provider.get_tracer("t").start_span("s").end()
+    assert [s.name for s in exporter.get_finished_spans()] == ["s"]
+    _sdk.unwatch_span_processors(provider, seen.append)
+    provider.add_span_processor(_Named("c"))
+    assert seen == [later]
+
+
+def test_suppression_is_the_public_one() -> None:
+    assert _sdk.is_instrumentation_enabled()
+    with _sdk.suppress_instrumentation():
+        assert not _sdk.is_instrumentation_enabled()
+    assert _sdk.is_instrumentation_enabled()
