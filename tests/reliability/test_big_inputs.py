@@ -112,7 +112,7 @@ def test_many_requests_with_1mb_contexts_keep_a_bounded_amount(harness: Harness)
     finally:
         tracemalloc.stop()
     assert rt.contexts.chars <= limit
-    assert not rt.pool._stream_calls, "per-stream budgets of finished streams are forgotten"
+    assert rt.pool.tracked_streams == 0, "per-stream budgets of finished streams are forgotten"
     print(f"\n300 requests with 1 MB contexts: {kept / 1e6:.0f} MB kept, store {rt.contexts.chars / 1e6:.1f} M chars")
     # before: 300 requests with 1 MB contexts kept 309 MB referenced
     assert kept < limit * 1.5, f"{kept / 1e6:.0f} MB kept after 300 requests with 1 MB contexts"

@@ -61,7 +61,7 @@ def test_clients_that_leave_mid_answer_leave_nothing_behind(harness: Harness) ->
         asyncio.run(clients())
         assert wait_unbound() == 0  # the server notices each disconnect at its next send
         assert rt.force_flush(20_000)
-        assert rt.processor.held == 0 and rt.pool.depth == 0 and not rt.pool._stream_calls
+        assert rt.processor.held == 0 and rt.pool.depth == 0 and rt.pool.tracked_streams == 0
         gc.collect()
         assert not [o for o in gc.get_objects() if isinstance(o, GuardSession)]
         spans = harness.exporter.get_finished_spans()

@@ -131,7 +131,7 @@ def test_unsampled_requests_are_not_judged_end_without_waiting_and_leave_nothing
         assert rt.processor.held == 0
         assert _binding.active_count() == 0
         assert _live_sessions() <= base_sessions
-        assert rt.pool.depth == 0 and not rt.pool._stream_calls
+        assert rt.pool.depth == 0 and rt.pool.tracked_streams == 0
         # the trace was not sampled: nothing of it is exported
         assert not {s.context.trace_id for s in harness.spans()} & traces
         # memory: the contexts each request registered stay in the bounded store (10,000 traces, 15 min);

@@ -25,6 +25,7 @@ from opentelemetry import metrics
 from streamjudge import _sdk, semconv
 from streamjudge._fork import after_fork_in_child
 from streamjudge._redact import redact
+from streamjudge.judging._admission import Admission
 from streamjudge.judging.base import EvalInput, Judge, JudgeResult, Score, TransientJudgeError
 from streamjudge.results import JobOutcome, JobStatus
 
@@ -96,9 +97,7 @@ class JudgePool:
         self._timeout_s = timeout_s
         self._max_retries = max_retries
         self._backoff_s = backoff_s
-        self._sample_threshold = int(sample_rate * (1 << 64))
-        self._per_stream_budget = per_stream_budget
-        self._global_budget = global_budget_per_minute
+        self._admission_args = (sample_rate, per_stream_budget, global_budget_per_minute)
         self._max_queue_wait_s = max_queue_wait_s
         # queued text is bounded by size too: a few huge answers must not hold gigabytes (0 = no bound)
         self._max_queue_bytes = max_queue_bytes
@@ -166,12 +165,12 @@ class JudgePool:
         self._queued = 0
         self._queued_bytes = 0
         self._coalescable: dict[int, _Slot] = {}
-        self._stream_calls: dict[int, int] = {}
+        rate, per_stream, per_minute = self._admission_args
+        self._admission = Admission(sample_rate=rate, per_stream_budget=per_stream,
+                                    global_budget_per_minute=per_minute)
         self._running: dict[asyncio.Task[None], JudgeJob] = {}
         self._active = 0  # taken off the queue (or decided at submit), outcome not yet delivered
         self._deferred: deque[tuple[JudgeJob, JobOutcome]] = deque()
-        self._window_start = time.monotonic()
-        self._window_calls = 0
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -181,6 +180,11 @@ class JudgePool:
         self._cpu_debt = 0.0
         self._cpu_seen = 0.0
         self._cpu_at = 0.0
+
+    @property
+    def tracked_streams(self) -> int:
+        """Streams with per-stream state (budgets); ended streams are forgotten."""
+        return self._admission.streams
 
     @property
     def depth(self) -> int:
@@ -194,7 +198,7 @@ class JudgePool:
 
     def samples(self, trace_id: int) -> bool:
         """Whether jobs of ``trace_id`` are judged (the same answer every time for one trace)."""
-        return not trace_id or (trace_id & 0xFFFFFFFFFFFFFFFF) < self._sample_threshold
+        return self._admission.samples(trace_id)
 
     def submit(self, job: JudgeJob) -> bool:
         """Queue ``job``; False when it was refused (its callback has then already been called)."""
@@ -207,7 +211,7 @@ class JudgePool:
                 refused = "shutdown"
             elif job.sample_key and not self.samples(job.sample_key):
                 refused = "sampled_out"
-            elif not self._take_budget(job):
+            elif not self._admission.take(job.stream_key):
                 refused = "budget_exhausted"
             else:
                 slot = self._coalescable.get(job.stream_key) if job.coalesce and job.stream_key else None
@@ -267,25 +271,10 @@ class JudgePool:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(wake.set)
 
-    def _take_budget(self, job: JudgeJob) -> bool:
-        if self._per_stream_budget and job.stream_key:
-            used = self._stream_calls.get(job.stream_key, 0)
-            if used >= self._per_stream_budget:
-                return False
-            self._stream_calls[job.stream_key] = used + 1
-        if self._global_budget:
-            now = time.monotonic()
-            if now - self._window_start >= 60.0:
-                self._window_start, self._window_calls = now, 0
-            if self._window_calls >= self._global_budget:
-                return False
-            self._window_calls += 1
-        return True
-
     def end_stream(self, stream_key: int) -> None:
         """Forget the per-stream budget of a finished stream (its queued jobs still run)."""
         with self._lock:
-            self._stream_calls.pop(stream_key, None)
+            self._admission.forget(stream_key)
 
     def cancel_stream(self, stream_key: int) -> int:
         """Cancel queued and running jobs of a stream (client went away). Returns how many."""
@@ -296,7 +285,7 @@ class JudgePool:
                     cancelled.append(slot.job)
                     slot.job = None
             self._coalescable.pop(stream_key, None)
-            self._stream_calls.pop(stream_key, None)
+            self._admission.forget(stream_key)
             self._queued -= len(cancelled)
             self._queued_bytes -= sum(j.size for j in cancelled)
             running = [t for t, j in self._running.items() if j.stream_key == stream_key]
