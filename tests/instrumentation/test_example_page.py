@@ -201,6 +201,11 @@ def test_page_underlines_only_the_fabricated_sentences_with_the_reason_on_hover(
     # the tooltip really shows on hover: the pseudo-element's content is the reason
     shown = tab.page.evaluate("e => getComputedStyle(e, '::after').content", first.element_handle())
     assert reason in shown
+    # each underlined sentence carries its own reason and score
+    tips = [str(t) for t in tab.page.eval_on_selector_all(".flagged", "els => els.map(e => e.dataset.tip)")]
+    by_text = {answer[s["start"]:s["end"]]: s for s in flagged}
+    for u, tip_text in zip(underlined, tips, strict=True):
+        assert by_text[u]["reason"] in tip_text and f"{by_text[u]['score']:.2f}" in tip_text, (u, tip_text)
     tab.shot(tmp_path / "hallucinating-hover.png")
     assert tab.not_found() == []
     tab.page.close()
