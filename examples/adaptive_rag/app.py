@@ -6,8 +6,11 @@ Run it bare, under zero-code instrumentation, or with the one-line setup::
     opentelemetry-instrument python examples/adaptive_rag/app.py     # zero code
     python examples/adaptive_rag/app.py --instrument-app             # streamjudge.instrument_app(app)
 
-The page underlines flagged sentences from the guard's client events: switch them on with
-``STREAMJUDGE_CLIENT_EVENTS=on`` (by default the client receives exactly the app's bytes).
+The page (``GET /``) underlines the failing sentences from the guard's client events (reason and score on
+hover) and shows a retraction or a stop. By default a client receives exactly the app's bytes: with
+``--instrument-app`` the example switches the events on for its own page
+(``instrument_app(app, client_events=True)``); under ``opentelemetry-instrument`` the settings are read before
+the app's code runs, so set ``STREAMJUDGE_CLIENT_EVENTS=on`` there.
 
 Endpoints: ``GET /chat?q=...&hallucinate=1`` (sse-starlette ``EventSourceResponse``), ``GET /chat/raw``
 (the same frames through ``StreamingResponse``), ``WS /ws`` (JSON messages) and ``GET /`` (a page that
@@ -97,13 +100,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=int(os.environ.get("EXAMPLE_PORT", "8000")))
     parser.add_argument(
         "--instrument-app", action="store_true",
-        help="call streamjudge.instrument_app(app) (configured by OTEL_* / STREAMJUDGE_* variables)",
+        help="call streamjudge.instrument_app(app, client_events=True) "
+        "(configured by OTEL_* / STREAMJUDGE_* variables)",
     )
     args = parser.parse_args(argv)
     if args.instrument_app:
         import streamjudge
 
-        streamjudge.instrument_app(app)
+        # the page is this app's own client: it reads the guard's warning / retract / stop frames
+        streamjudge.instrument_app(app, client_events=True)
 
     import uvicorn
 

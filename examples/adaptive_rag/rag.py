@@ -152,6 +152,10 @@ class OfflineChatModel(BaseChatModel):
         if not picked:
             return "I could not find that in the sources."
         picked.sort(key=sources.find)
+        written = " ".join(str(m.content) for m in messages if isinstance(m, AIMessage))
+        if written:  # asked to continue its own answer (a regeneration): do not repeat what is written
+            rest = [s for s in picked if s not in written]
+            return " " + " ".join(rest) if rest else ""
         if human is not None and human.additional_kwargs.get("hallucinate"):
             return " ".join([picked[0], *_INVENTIONS])
         return " ".join(picked)
