@@ -34,7 +34,7 @@ from streamjudge.judging._telemetry import (
 from streamjudge.judging._telemetry import capped as span_text
 from streamjudge.judging._tokens import TokenText
 from streamjudge.judging._windows import ReleaseOrder, Transcript, Window, Windows
-from streamjudge.results import EvalKind, JobOutcome, JudgeRequest, JudgeResult, Verdict
+from streamjudge.results import EvalKind, JudgeRequest, JudgeResult, Verdict
 
 if TYPE_CHECKING:
     from streamjudge.config import Settings
@@ -696,5 +696,5 @@ def _size(contexts: Sequence[str]) -> int:
 
 
 __all__ = [
-    "GuardSession", "JobOutcome", "RegenerateCallback", "RegenerateRequest", "StreamEvent", "TokenSource",
+    "GuardSession", "RegenerateCallback", "RegenerateRequest", "StreamEvent", "TokenSource",
 ]
