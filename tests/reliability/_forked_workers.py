@@ -67,7 +67,9 @@ def main() -> None:
         if pid == 0:
             code = 0
             try:
-                print(json.dumps({"role": "worker", **_judge_some(exporter, rt, STREAMS)}), flush=True)
+                # one write of the whole line: the workers share the pipe, and print() may split a line
+                # into two writes that another worker's line lands between
+                os.write(1, (json.dumps({"role": "worker", **_judge_some(exporter, rt, STREAMS)}) + "\n").encode())
                 rt.shutdown(5_000)
             except BaseException:
                 import traceback
