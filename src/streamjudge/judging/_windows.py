@@ -50,11 +50,6 @@ class Windows:
         """Chars of the answer so far."""
         return self._buf.length
 
-    @property
-    def open_sentences(self) -> int:
-        """Complete sentences in the open window."""
-        return self._sentences
-
     def text(self) -> str:
         """The whole answer so far (one join; for the end of the stream, not per checkpoint)."""
         return self._buf.text()
@@ -156,10 +151,6 @@ class Transcript(Windows):
     @property
     def length(self) -> int:
         return self._length
-
-    @property
-    def open_sentences(self) -> int:
-        return 0
 
     def text(self) -> str:
         if len(self._all) > 1:
