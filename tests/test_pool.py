@@ -124,6 +124,42 @@ def test_queue_full_drops_and_says_so() -> None:
     pool.shutdown()
 
 
+def test_live_jobs_run_before_queued_final_passes() -> None:
+    # a backlog of whole answers must not delay a checkpoint whose stream is still being read
+    gate = threading.Event()
+    pool = JudgePool(concurrency=1)
+    judge = GatedJudge(gate)
+    cb = Collector()
+    pool.submit(job(judge, cb, stream_key=99))  # occupies the only slot
+    time.sleep(0.05)
+    for i in range(3):
+        pool.submit(job(judge, cb, item=EvalInput("q", (), f"final {i}", kind="answer")))
+    pool.submit(job(judge, cb, live=True, item=EvalInput("q", (), "live 0")))
+    pool.submit(job(judge, cb, item=EvalInput("q", (), "final 3", kind="answer")))
+    pool.submit(job(judge, cb, live=True, item=EvalInput("q", (), "live 1")))
+    gate.set()
+    assert pool.force_flush(5_000)
+    order = [c.answer for c in judge.calls][1:]
+    assert order == ["live 0", "live 1", "final 0", "final 1", "final 2", "final 3"]
+    assert cb.statuses() == ["judged"] * 7
+    pool.shutdown()
+
+
+def test_cancel_and_shutdown_reach_both_lanes() -> None:
+    gate = threading.Event()
+    pool = JudgePool(concurrency=1)
+    cb = Collector()
+    pool.submit(job(GatedJudge(gate), cb, stream_key=99))
+    time.sleep(0.05)
+    pool.submit(job(GatedJudge(gate), cb, stream_key=7, live=True))
+    pool.submit(job(GatedJudge(gate), cb, stream_key=7))
+    pool.submit(job(GatedJudge(gate), cb, stream_key=8))
+    assert pool.cancel_stream(7) == 2
+    assert pool.shutdown(timeout_millis=100) is False
+    gate.set()
+    assert sorted(cb.statuses()) == ["cancelled", "cancelled", "shutdown", "shutdown"]
+
+
 def test_newer_checkpoint_supersedes_queued_older_one() -> None:
     gate = threading.Event()
 

@@ -151,7 +151,7 @@ class Settings:
     # judge pool
     sample_rate: float = 1.0
     concurrency: int = 4
-    queue_size: int = 256
+    queue_size: int = 4096
     judge_timeout_s: float = 30.0
     max_retries: int = 2
     retry_backoff_s: float = 0.2

@@ -62,12 +62,16 @@ def test_two_hundred_concurrent_sse_clients(harness: Harness) -> None:
         started = time.monotonic()
         results = asyncio.run(clients())
         took = time.monotonic() - started
-        for bad, text in results:
+        for _bad, text in results:
             assert text.rstrip().endswith("data: [DONE]")
-            assert warned(text) == bad, text
         assert wait_unbound() == 0
         assert rt.force_flush(30_000)
         spans = harness.exporter.get_finished_spans()
+        wrong = [text for bad, text in results if warned(text) != bad]
+        # why a stream went unwarned is on its span (a skipped checkpoint says its reason)
+        skips = sorted({str(e.attributes.get(semconv.SKIP_REASON)) for s in spans for e in s.events
+                        if e.name == semconv.EVENT_SKIP and e.attributes})
+        assert not wrong, f"{len(wrong)} of {CLIENTS} answers warned wrongly; skips: {skips}; first: {wrong[0]}"
         exported = [s.context.span_id for s in spans]
         assert len(exported) == len(set(exported)) and set(exported) == set(ledger.ended)
         streams = [s for s in spans if s.name == semconv.SPAN_STREAM]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import random
 import threading
@@ -54,6 +55,9 @@ class JudgeJob:
     # builds the job that replaces a queued older one and covers its work too (None: cannot be joined)
     merge: Callable[[JudgeJob], JudgeJob | None] | None = None
     tag: Any = None  # the submitter's own reference (the judging service keeps its request here)
+    # a stream is waiting for this one (a checkpoint, a pre-flight gate): it runs before queued background
+    # work (final passes), so a backlog of whole answers never delays a warning the reader still needs
+    live: bool = False
     size: int = 0  # chars of text the job holds, counted against the queue's byte bound
     enqueued_at: float = field(default=0.0)
 
@@ -78,7 +82,7 @@ class JudgePool:
         self,
         *,
         concurrency: int = 4,
-        queue_size: int = 256,
+        queue_size: int = 4096,
         timeout_s: float = 30.0,
         max_retries: int = 2,
         backoff_s: float = 0.2,
@@ -161,7 +165,8 @@ class JudgePool:
     def _init_state(self) -> None:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
-        self._queue: deque[_Slot] = deque()
+        self._queue: deque[_Slot] = deque()  # live jobs: a stream waits for their verdicts
+        self._later: deque[_Slot] = deque()  # background jobs (final passes): run when no live job waits
         self._queued = 0
         self._queued_bytes = 0
         self._coalescable: dict[int, _Slot] = {}
@@ -232,7 +237,7 @@ class JudgePool:
                     refused = "dropped"
                 else:
                     slot = _Slot(job)
-                    self._queue.append(slot)
+                    (self._queue if job.live else self._later).append(slot)
                     self._queued += 1
                     self._queued_bytes += job.size
                     if job.coalesce and job.stream_key:
@@ -280,7 +285,7 @@ class JudgePool:
         """Cancel queued and running jobs of a stream (client went away). Returns how many."""
         cancelled: list[JudgeJob] = []
         with self._lock:
-            for slot in self._queue:
+            for slot in itertools.chain(self._queue, self._later):
                 if slot.job is not None and slot.job.stream_key == stream_key:
                     cancelled.append(slot.job)
                     slot.job = None
@@ -337,8 +342,8 @@ class JudgePool:
 
     def _pop(self) -> JudgeJob | None:
         with self._lock:
-            while self._queue:
-                slot = self._queue.popleft()
+            while self._queue or self._later:
+                slot = (self._queue or self._later).popleft()
                 job = slot.job
                 if job is None:
                     continue
@@ -523,11 +528,12 @@ class JudgePool:
         drained = self.force_flush(timeout_millis)
         leftover: list[JudgeJob] = []
         with self._lock:
-            for slot in self._queue:
+            for slot in itertools.chain(self._queue, self._later):
                 if slot.job is not None:
                     leftover.append(slot.job)
                     slot.job = None
             self._queue.clear()
+            self._later.clear()
             self._queued = 0
             self._queued_bytes = 0
             running = list(self._running)

@@ -74,6 +74,7 @@ class JudgingService:
             merge=(lambda older: self._merged(request, judge, older)) if request.coalesce else None,
             tag=request,
             size=len(request.item.answer) + len(request.item.prefix),
+            live=request.kind != "answer",
         )
 
     def _merged(self, newer: JudgeRequest, judge: Judge, older: JudgeJob) -> JudgeJob | None:
