@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from pathlib import Path
 
 import langchain_core.callbacks as cb
@@ -11,6 +12,8 @@ from openinference.instrumentation.langchain._tracer import OpenInferenceTracer
 
 from streamjudge import semconv
 from streamjudge.instrumentation import StreamJudgeInstrumentor, _binding
+from streamjudge.judging._session import GuardSession
+from streamjudge.results import Verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "adaptive_rag"))
 import rag
@@ -93,3 +96,44 @@ def test_without_content_capture_openinference_spans_carry_no_text_either(harnes
     leaked = [(s.name, k) for s in spans for k, v in s.attributes.items()
               if isinstance(v, str) and (question in v or "330 metres" in v or answer[:40] in v)]
     assert leaked == []
+
+
+def test_verdicts_wake_the_loop_only_while_the_tap_waits_for_one(harness, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # stream-first and flag: while tokens flow the tap reads the inbox after every chunk, so a verdict
+    # must not cost the app's loop a cross-thread wake-up; at the end, waiting for the last verdicts, it may
+    monkeypatch.setenv("EXAMPLE_TOKEN_DELAY_MS", "15")  # verdicts land while the model still streams
+    rt = harness.configure(end_wait_s=2.0)
+    posted: list[bool] = []  # per verdict: did the tap wait for it when it came
+    wakes = 0
+    real_post = GuardSession.post
+    inst = StreamJudgeInstrumentor()
+    inst.instrument()
+    real_tsafe = asyncio.BaseEventLoop.call_soon_threadsafe
+
+    def tsafe(self, callback, *args, **kwargs):  # type: ignore[no-untyped-def]
+        nonlocal wakes
+        # a verdict's wake-up: from the judge pool's thread to the app's loop
+        if threading.current_thread().name == "streamjudge-judge-pool":
+            wakes += 1
+        return real_tsafe(self, callback, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "call_soon_threadsafe", tsafe)
+
+    def counting_post(self: GuardSession, verdict: Verdict) -> None:
+        posted.append(verdict.kind != "answer")
+        real_post(self, verdict)
+
+    monkeypatch.setattr(GuardSession, "post", counting_post)
+    try:
+        with rt.tracer.start_as_current_span("request"):
+            answer = _run(rag.build_graph(), "How tall is the Eiffel Tower?", hallucinate=True)
+    finally:
+        inst.uninstrument()
+    stream = next(s for s in harness.spans() if s.name == semconv.SPAN_STREAM)
+    assert stream.attributes[semconv.STREAM_ANSWER] == answer
+    assert stream.attributes[semconv.STREAM_ALERTS] >= 1  # the warning still came
+    verdicts = sum(posted)
+    assert verdicts >= 3  # pre-flight and the checkpoints
+    # at most the tail's verdicts find the tap waiting at the end (the pre-flight gate does not hold
+    # a stream-first answer with the default policy)
+    assert wakes <= 2 < verdicts, (wakes, verdicts)

@@ -161,6 +161,7 @@ class _Tap:
         self.released = 0  # chars of it the node received
         self.like: Any = None  # a chunk of this model, for re-chunked text
         self._woke: asyncio.Event | None = None
+        self._waiting = False  # the tap sleeps until a verdict arrives (only then do verdicts wake it)
 
     def _regenerate(self, req: RegenerateRequest) -> AsyncIterator[Any]:
         args, kwargs = self.args, dict(self.kwargs)
@@ -181,8 +182,13 @@ class _Tap:
         woke = self._woke = asyncio.Event()
 
         def notify() -> None:
-            with contextlib.suppress(RuntimeError):  # loop closed: nobody waits any more
-                loop.call_soon_threadsafe(woke.set)
+            # a verdict wakes the loop only while the tap sleeps on one: while tokens flow the tap reads
+            # the inbox after every chunk anyway, and each cross-thread wake-up costs a syscall, a loop
+            # iteration and a GIL hand-off. (The tap sets `_waiting` before it looks at the inbox and the
+            # pool sets the inbox flag before it reads `_waiting`, so no wake-up is lost.)
+            if self._waiting:
+                with contextlib.suppress(RuntimeError):  # loop closed: nobody waits any more
+                    loop.call_soon_threadsafe(woke.set)
 
         meta: list[Any] = []  # text-less chunks that arrived while text was held
         nxt: asyncio.Future[Any] | None = None
@@ -210,14 +216,18 @@ class _Tap:
                         if nxt is None:
                             nxt = asyncio.ensure_future(anext(source))
                         woke.clear()
-                        if s is not None and not s.has_events and s.outstanding:
-                            waiter = asyncio.ensure_future(woke.wait())
-                            try:
-                                await asyncio.wait({nxt, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                            finally:
-                                waiter.cancel()
-                        else:
-                            await asyncio.wait({nxt})
+                        self._waiting = True
+                        try:
+                            if s is not None and not s.has_events and s.outstanding:
+                                waiter = asyncio.ensure_future(woke.wait())
+                                try:
+                                    await asyncio.wait({nxt, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                                finally:
+                                    waiter.cancel()
+                            else:
+                                await asyncio.wait({nxt})
+                        finally:
+                            self._waiting = False
                         if not nxt.done():
                             continue
                         fut, nxt = nxt, None
@@ -242,9 +252,13 @@ class _Tap:
                         if not s.outstanding or remaining <= 0:
                             break
                         woke.clear()
-                        if not s.has_events:
-                            with contextlib.suppress(TimeoutError):
-                                await asyncio.wait_for(woke.wait(), remaining)
+                        self._waiting = True
+                        try:
+                            if not s.has_events:
+                                with contextlib.suppress(TimeoutError):
+                                    await asyncio.wait_for(woke.wait(), remaining)
+                        finally:
+                            self._waiting = False
                     if switched:
                         continue
                     break
@@ -319,10 +333,14 @@ class _Tap:
         deadline = loop.time() + s.settings.preflight_wait_s
         while s.preflight_pending and loop.time() < deadline:
             woke.clear()
-            if s.has_events:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woke.wait(), deadline - loop.time())
+            self._waiting = True
+            try:
+                if s.has_events:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woke.wait(), deadline - loop.time())
+            finally:
+                self._waiting = False
 
     def _apply(self, events: list[StreamEvent]) -> list[Any]:
         """Chunks for the node (released text, the fallback); client events go to the wrapper."""
