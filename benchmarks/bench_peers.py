@@ -4,10 +4,11 @@
 
 Every variant streams the same answers (four FaithBench dev summaries back to back per answer, read in place
 from ../shared/benchdata, each answer its own text; a synthetic set otherwise), one token every ``delay`` ms
-from an ``asyncio.sleep`` source, and measures the gaps between the pieces of text the client receives
-(the first gap counted from the start, so a guard that buffers shows its wait) and the time to the first
-piece. Variants run in fresh processes, interleaved, each repeated; every ratio is against ``none`` of
-the same repeat:
+from a producer process over a pipe (the loop wakes on I/O, as on a model's HTTP stream), and measures the
+gaps between the pieces of text the client receives (the first gap counted from one token period before the
+model's first token, so a guard that buffers shows its wait) and the time from the model's first token to
+the first piece. Variants run in fresh processes, interleaved, each repeated; every ratio is against
+``none`` of the same repeat:
 
 - ``none``: the token source alone (the baseline);
 - ``streamjudge``: ``streamjudge.guard`` with a judge that answers after ``check`` ms (stream-first, flag);
@@ -48,22 +49,52 @@ _COMMON = r"""
 import asyncio, json, sys, time
 delay, check_s, answers = float(sys.argv[1]), float(sys.argv[2]), json.load(open(sys.argv[3]))
 
+# the model in another process, one token per line every `delay` s on an absolute schedule (it sleeps until
+# 2 ms before each token and spins the rest): the loop wakes when bytes arrive, as it does on a model's
+# HTTP stream, not on a timer of its own
+PRODUCER = '''
+import json, sys, time
+delay = float(sys.argv[1])
+tokens = json.loads(sys.stdin.readline())
+due = time.perf_counter()
+for t in tokens:
+    due += delay
+    if (left := due - time.perf_counter()) > 0.002:
+        time.sleep(left - 0.002)
+    while time.perf_counter() < due:
+        pass
+    sys.stdout.write(json.dumps(t) + "\\n")
+    sys.stdout.flush()
+'''
+
+FIRST = [0.0]
+
 async def source(tokens):
-    for t in tokens:
-        await asyncio.sleep(delay)
-        yield t
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", PRODUCER, str(delay),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    proc.stdin.write((json.dumps(list(tokens)) + "\n").encode())
+    await proc.stdin.drain()
+    proc.stdin.close()
+    first = True
+    async for line in proc.stdout:
+        if first:  # the clock starts at the model's first token, not at its process start
+            first, FIRST[0] = False, time.perf_counter()
+        yield json.loads(line)
+    await proc.wait()
 
 async def measure(stream):
-    start = time.perf_counter()
     last, gaps, ttft = None, [], None
     async for piece in stream:
         if not piece:
             continue
         now = time.perf_counter()
         if last is None:
-            ttft = now - start
-        # the first gap is the wait for the first text: a guard that buffers shows it there
-        gaps.append(now - (start if last is None else last))
+            # from the model's first token: a guard that buffers shows its wait in this first gap
+            ttft = now - FIRST[0]
+            gaps.append(ttft + delay)
+        else:
+            gaps.append(now - last)
         last = now
     return gaps, ttft
 
