@@ -46,26 +46,12 @@ VARIANTS = ("none", "streamjudge", "nemo_chunk20", "nemo_chunk200", "guardrails_
 
 # every child: argv = delay_s, check_s, answers.json; prints {"gaps": [[...] per answer], "ttft": [...]}
 _COMMON = r"""
-import asyncio, json, sys, time
+import asyncio, json, os, sys, time
 delay, check_s, answers = float(sys.argv[1]), float(sys.argv[2]), json.load(open(sys.argv[3]))
 
-# the model in another process, one token per line every `delay` s on an absolute schedule (it sleeps until
-# 2 ms before each token and spins the rest): the loop wakes when bytes arrive, as it does on a model's
-# HTTP stream, not on a timer of its own
-PRODUCER = '''
-import json, sys, time
-delay = float(sys.argv[1])
-tokens = json.loads(sys.stdin.readline())
-due = time.perf_counter()
-for t in tokens:
-    due += delay
-    if (left := due - time.perf_counter()) > 0.002:
-        time.sleep(left - 0.002)
-    while time.perf_counter() < due:
-        pass
-    sys.stdout.write(json.dumps(t) + "\\n")
-    sys.stdout.flush()
-'''
+# the model in another process (run.py's producer, handed over by the parent: the peers' venv cannot import
+# run.py): the loop wakes when bytes arrive, as it does on a model's HTTP stream, not on a timer of its own
+PRODUCER = os.environ["STREAMJUDGE_BENCH_PRODUCER"]
 
 FIRST = [0.0]
 
@@ -233,7 +219,11 @@ def load(n: int) -> list[list[str]]:
 
 def child(variant: str, peers_py: Path | None, delay_s: float, check_s: float, data: Path) -> dict[str, Any]:
     args = [str(delay_s), str(check_s), str(data)]
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OTEL_SDK_DISABLED": "true"}
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from run import _PRODUCER
+
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OTEL_SDK_DISABLED": "true",
+           "STREAMJUDGE_BENCH_PRODUCER": _PRODUCER}
     if variant in ("none", "streamjudge"):
         code = _NONE if variant == "none" else _STREAMJUDGE
         cmd = [sys.executable, "-c", code, *args, str(ROOT)]
