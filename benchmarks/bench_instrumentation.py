@@ -6,6 +6,9 @@ concurrent HTTP clients for a fixed time; variants are interleaved and each repe
 - ``none``: no telemetry at all;
 - ``openinference``: the OpenTelemetry SDK exporting OTLP/HTTP, FastAPI request spans (no per-chunk send
   spans) and openinference's LangChain instrumentation — the usual baseline of every ratio;
+- ``openinference_inline``: the same, with openinference's tracer called inline (``run_inline``), as
+  streamjudge sets it up: LangChain otherwise hands each of its callbacks to a thread pool. Against this
+  one, streamjudge's ratio is what streamjudge itself adds, with the dispatch saving taken out;
 - ``langfuse``: the Langfuse SDK's LangChain ``CallbackHandler`` on every graph run (its own OTLP export)
   and FastAPI request spans — the peer;
 - ``streamjudge``: OpenTelemetry set up by streamjudge's configurator as ``opentelemetry-instrument`` does
@@ -51,7 +54,7 @@ QUESTIONS = (
     "How large is the Great Barrier Reef?",
     "Which capital cities does the Danube pass through?",
 )
-MODES = ("none", "openinference", "langfuse", "streamjudge", "streamjudge_unjudged")
+MODES = ("none", "openinference", "openinference_inline", "langfuse", "streamjudge", "streamjudge_unjudged")
 
 # runs inside the server process: set telemetry up for MODE, then serve the example app
 _SERVER = r"""
@@ -69,7 +72,7 @@ if mode != "none":
         handler_var = ContextVar("bench_langfuse_handler", default=None)
         register_configure_hook(handler_var, True)
         handler_var.set(CallbackHandler())
-    elif mode == "openinference":
+    elif mode.startswith("openinference"):
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -80,6 +83,9 @@ if mode != "none":
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         trace.set_tracer_provider(provider)
         LangChainInstrumentor().instrument(tracer_provider=provider)
+        if mode == "openinference_inline":
+            from openinference.instrumentation.langchain._tracer import OpenInferenceTracer
+            OpenInferenceTracer.run_inline = True
     else:
         # what `opentelemetry-instrument` does with streamjudge's distro and configurator
         from streamjudge.instrumentation import StreamJudgeInstrumentor
@@ -267,6 +273,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 lf_cpu = summary["langfuse"]["server_cpu_ms_per_request"]["median"]
                 entry["goal_cpu_vs_langfuse"] = sj["server_cpu_ms_per_request"]["median"] <= lf_cpu
                 goals.append(entry["goal_cpu_vs_langfuse"])
+            if "openinference_inline" in r:
+                # what streamjudge adds on top of the tracer it sets up, dispatch for dispatch
+                inl = r["openinference_inline"]
+                entry["streamjudge_vs_openinference_inline"] = {
+                    "rps": _spread([x["requests_per_s"] / b["requests_per_s"]
+                                    for x, b in zip(r["streamjudge"], inl, strict=True)]),
+                    "cpu": _spread([x["server_cpu_ms_per_request"] / b["server_cpu_ms_per_request"]
+                                    for x, b in zip(r["streamjudge"], inl, strict=True)]),
+                }
         out["by_concurrency"][str(c)] = entry
     out["goal"] = ("streamjudge requests/s >= 0.95x openinference and CPU per request <= Langfuse handler's, "
                    "at every concurrency")
@@ -284,6 +299,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"[{rr['min']:.3f}-{rr['max']:.3f}]   CPU {v['server_cpu_ms_per_request']['median']:7.2f} "
                   f"ms/req  x{cr['median']:.3f} [{cr['min']:.3f}-{cr['max']:.3f}]   "
                   f"p95 {v['p95_ms']['median']:7.1f} ms")
+        own = entry.get("streamjudge_vs_openinference_inline")
+        if own:
+            print(f"  streamjudge vs openinference_inline (what streamjudge adds): requests/s "
+                  f"x{own['rps']['median']:.3f} [{own['rps']['min']:.3f}-{own['rps']['max']:.3f}], CPU per "
+                  f"request x{own['cpu']['median']:.3f} [{own['cpu']['min']:.3f}-{own['cpu']['max']:.3f}]")
         for k in ("goal_rps", "goal_cpu_vs_langfuse"):
             if k in entry:
                 print(f"  {k}: {entry[k]}")

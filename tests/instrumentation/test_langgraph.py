@@ -137,3 +137,32 @@ def test_verdicts_wake_the_loop_only_while_the_tap_waits_for_one(harness, monkey
     # at most the tail's verdicts find the tap waiting at the end (the pre-flight gate does not hold
     # a stream-first answer with the default policy)
     assert wakes <= 2 < verdicts, (wakes, verdicts)
+
+
+def test_openinference_tracer_runs_in_the_callers_thread_and_is_put_back(harness, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # LangChain hands a sync handler's callbacks to the loop's thread pool unless it runs inline: with
+    # streamjudge set up, openinference's tracer must run in the graph's own thread (no hop per token),
+    # still make its spans, and be dispatched as before once streamjudge is gone
+    rt = harness.configure(end_wait_s=0.5)
+    before = OpenInferenceTracer.run_inline
+    threads: set[str] = set()
+    real = OpenInferenceTracer.on_llm_new_token
+
+    def recording(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        threads.add(threading.current_thread().name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(OpenInferenceTracer, "on_llm_new_token", recording)
+    inst = StreamJudgeInstrumentor()
+    inst.instrument()
+    try:
+        assert OpenInferenceTracer.run_inline is True
+        with rt.tracer.start_as_current_span("request"):
+            answer = _run(rag.build_graph(), "How tall is the Eiffel Tower?")
+        spans = harness.spans()
+    finally:
+        inst.uninstrument()
+    assert answer
+    assert threads == {threading.current_thread().name}  # every token callback on the graph's thread
+    assert {s.attributes.get(semconv.NODE_NAME) for s in spans} >= {"retrieve", "generate"}
+    assert OpenInferenceTracer.run_inline is before  # LangChain's own dispatch again without streamjudge
