@@ -245,14 +245,16 @@ class JudgePool:
             if refused is None:
                 self._ensure_worker()
         if superseded is not None:
-            self._finish_later(superseded, JobOutcome("superseded"))
+            # the merged job sits in the queue: the dispatcher delivers this outcome when it takes it
+            self._finish_later(superseded, JobOutcome("superseded"), wake=False)
+            return True
         if refused is not None:
             self._finish_later(job, JobOutcome(refused))
             return False
         self._wake_if_sleeping()
         return True
 
-    def _finish_later(self, job: JudgeJob, outcome: JobOutcome) -> None:
+    def _finish_later(self, job: JudgeJob, outcome: JobOutcome, wake: bool = True) -> None:
         # outcomes decided at submit time (superseded, sampled out, over budget...) are delivered from the
         # pool's thread like all others: their callbacks (span enrichment, export) then cost the caller -
         # usually the thread streaming tokens - nothing, and count against the pool's CPU share
@@ -264,14 +266,18 @@ class JudgePool:
                 self._deferred.append((job, outcome))
                 self._active += 1
         if alive:
-            self._wake_if_sleeping()
+            if wake:
+                self._wake_if_sleeping()
         else:
             self._finish(job, outcome)
 
     def _wake_if_sleeping(self) -> None:
         loop, wake = self._loop, self._wake
-        # a busy dispatcher finds the job on its own; only a sleeping one needs the (costly) wake-up
+        # a busy dispatcher finds the job on its own; only a sleeping one needs the (costly) wake-up, and
+        # only once: until it runs again (it may wait for the GIL while this thread streams on), another
+        # wake-up would be another syscall for nothing. The flag is only a hint; the event is the signal.
         if self._sleeping and loop is not None and wake is not None:
+            self._sleeping = False
             # a closed loop (shutdown racing us) is fine: the job gets "shutdown" from the drain
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(wake.set)
