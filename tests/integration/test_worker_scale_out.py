@@ -122,18 +122,28 @@ class Gateway:
 
 @contextlib.contextmanager
 def run_gateway(log_dir: Path, worker_endpoints: list[str]) -> Iterator[Gateway]:
-    ports = {k: free_port() for k in ("grpc", "http", "health", "telemetry")}
-    env = {
-        "STREAMJUDGE_GATEWAY_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{ports['grpc']}",
-        "STREAMJUDGE_GATEWAY_OTLP_HTTP_ENDPOINT": f"127.0.0.1:{ports['http']}",
-        "STREAMJUDGE_GATEWAY_HEALTH_ENDPOINT": f"127.0.0.1:{ports['health']}",
-        "STREAMJUDGE_GATEWAY_TELEMETRY_PORT": str(ports["telemetry"]),
-        "STREAMJUDGE_WORKER_ENDPOINTS": "[" + ", ".join(worker_endpoints) + "]",
-    }
-    proc = Process("gateway", [str(collector_binary()), "--config", str(GATEWAY_CONFIG)], log_dir, env)
+    # a port free when picked can be taken before the collector binds it (the workers' own outbound
+    # connections draw from the same ephemeral range): pick again rather than fail the module
+    for attempt in range(3):
+        ports = {k: free_port() for k in ("grpc", "http", "health", "telemetry")}
+        env = {
+            "STREAMJUDGE_GATEWAY_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{ports['grpc']}",
+            "STREAMJUDGE_GATEWAY_OTLP_HTTP_ENDPOINT": f"127.0.0.1:{ports['http']}",
+            "STREAMJUDGE_GATEWAY_HEALTH_ENDPOINT": f"127.0.0.1:{ports['health']}",
+            "STREAMJUDGE_GATEWAY_TELEMETRY_PORT": str(ports["telemetry"]),
+            "STREAMJUDGE_WORKER_ENDPOINTS": "[" + ", ".join(worker_endpoints) + "]",
+        }
+        proc = Process("gateway", [str(collector_binary()), "--config", str(GATEWAY_CONFIG)], log_dir, env)
+        try:
+            health = f"http://127.0.0.1:{ports['health']}/"
+            proc.wait_ready(lambda url=health: http_get(url, timeout=1.0)[0] == 200)
+        except InfraError as exc:
+            proc.stop()
+            if "address already in use" in str(exc) and attempt < 2:
+                continue
+            raise
+        break
     try:
-        health = f"http://127.0.0.1:{ports['health']}/"
-        proc.wait_ready(lambda: http_get(health, timeout=1.0)[0] == 200)
         yield Gateway(proc, f"http://127.0.0.1:{ports['http']}", ports["telemetry"])
     finally:
         proc.stop()
