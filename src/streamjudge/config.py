@@ -179,6 +179,9 @@ class Settings:
     max_text_attribute_chars: int = 16_384
     # LangGraph / streaming instrumentation
     answer_nodes: tuple[str, ...] = ("generate",)
+    # openinference's LangChain tracer called in the caller's task (LangChain otherwise hands each of its
+    # callbacks to the loop's thread pool); off: LangChain's own dispatch
+    openinference_inline: bool = True
     sse_token_field: str | None = None  # JSON path (dot separated) of the token in SSE data payloads
     # the app's frames that end an answer, held back until the guard's last events are sent
     terminal_frames: tuple[str, ...] = DEFAULT_TERMINAL_FRAMES
@@ -398,6 +401,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "model_max_length": ("MODEL_MAX_LENGTH", _int),
     "model_queue_size": ("MODEL_QUEUE_SIZE", _int),
     "client_events": ("CLIENT_EVENTS", _bool),
+    "openinference_inline": ("OPENINFERENCE_INLINE", _bool),
     "routes_include": ("ROUTES_INCLUDE", "csv"),
     "routes_exclude": ("ROUTES_EXCLUDE", _terminal_frames),
 }

@@ -166,3 +166,26 @@ def test_openinference_tracer_runs_in_the_callers_thread_and_is_put_back(harness
     assert threads == {threading.current_thread().name}  # every token callback on the graph's thread
     assert {s.attributes.get(semconv.NODE_NAME) for s in spans} >= {"retrieve", "generate"}
     assert OpenInferenceTracer.run_inline is before  # LangChain's own dispatch again without streamjudge
+
+
+def test_openinference_inline_off_keeps_langchains_dispatch(harness, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    rt = harness.configure(end_wait_s=0.5, openinference_inline=False)
+    threads: set[str] = set()
+    real = OpenInferenceTracer.on_llm_new_token
+
+    def recording(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        threads.add(threading.current_thread().name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(OpenInferenceTracer, "on_llm_new_token", recording)
+    before = OpenInferenceTracer.run_inline
+    inst = StreamJudgeInstrumentor()
+    inst.instrument()
+    try:
+        assert OpenInferenceTracer.run_inline is before
+        with rt.tracer.start_as_current_span("request"):
+            assert _run(rag.build_graph(), "How tall is the Eiffel Tower?")
+    finally:
+        inst.uninstrument()
+    if not before:  # LangChain's own dispatch: the token callbacks ran on the loop's thread pool
+        assert threads and threading.current_thread().name not in threads

@@ -142,7 +142,8 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             wrap_function_wrapper(oi_tracer_cls, "_start_trace", _langgraph.oi_start_trace_wrapper)
             wrap_function_wrapper(oi_tracer_cls, "_end_trace", _langgraph.oi_end_trace_wrapper)
             self._patched += [(oi_tracer_cls, "_start_trace"), (oi_tracer_cls, "_end_trace")]
-            _run_inline(oi_tracer_cls, self._restore)
+            if self._settings.openinference_inline:
+                _run_inline(oi_tracer_cls, self._restore)
             tracer = None
         else:
             tracer = rt.tracer_provider.get_tracer(semconv.TRACER_NAME, __version__)
