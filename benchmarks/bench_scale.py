@@ -1,6 +1,7 @@
 """Many concurrent streams in one process: does judging keep up, and what does it cost the streams?
 
-    python benchmarks/bench_scale.py [--streams 200 500] [--delay-ms 20] [--repeat 2] [--processes 1] [--json]
+    python benchmarks/bench_scale.py [--streams 200 500] [--delay-ms 20] [--repeat 2] [--processes 1 2]
+                                     [--capacity 2000] [--json]
 
 N answers stream at the same time in one event loop, one token every ``delay`` ms, each with its own text and
 its own contexts (FaithBench dev sources and summaries, read in place from ../shared/benchdata; a synthetic
@@ -17,9 +18,10 @@ interleaved in fresh processes, each repeated:
 was measured here and dropped: at 200 streams it kept every checkpoint judged either way, but its ITL p99
 was 4.5x bare against 0.9x with the fixed share — the judge thread's GIL holds delay the loop's wake-ups.)
 
-With ``--capacity JOBS`` it also measures the judge's saturated throughput: JOBS checkpoints (two per
-distinct contexts set) queued at once into a judge pool with the default CPU share, in-process (``judged``)
-and in worker processes, reporting checkpoints/s and the pool thread's CPU per call.
+With ``--capacity JOBS`` (2000 by default, 0 to skip) it also measures the judge's saturated throughput:
+JOBS checkpoints (two per distinct contexts set) queued at once into a judge pool with the default CPU
+share, in-process (``judged``) and in worker processes, reporting checkpoints/s and the pool thread's CPU
+per call.
 
 Printed per N: tokens/s ratio and ITL p99 ratio against bare, checkpoints judged / superseded (merged into a
 newer request, which judges their sentences too) / dropped or not judged, judge checkpoints per second, and
@@ -186,10 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, nargs="+", default=[200, 500])
     ap.add_argument("--delay-ms", type=float, default=20.0)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--processes", type=int, nargs="*", default=[1],
+    ap.add_argument("--processes", type=int, nargs="*", default=[1, 2],
                     help="worker-process counts of the processes=N variants")
-    ap.add_argument("--capacity", type=int, default=0, metavar="JOBS",
-                    help="also measure the judge's saturated checkpoints/s with JOBS checkpoints queued")
+    ap.add_argument("--capacity", type=int, default=2000, metavar="JOBS",
+                    help="also measure the judge's saturated checkpoints/s with JOBS checkpoints queued "
+                    "(0: skip)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     samples = load(max(args.streams))
