@@ -4,8 +4,9 @@
 
 - hot path: tokens/s of a minimal SSE loop (async source -> json.dumps of a token frame -> encoded
   ``data:`` line) with ``guard`` inserted (local judge, checkpoints every 2 sentences) vs the same loop
-  without it, source at full speed; per-token overhead in microseconds; the same with judging sampled out
-  (a zero sample rate: the guard and its spans only), as a cost ratio against the bare loop.
+  without it, source at full speed; per-token overhead in microseconds (best repeat, and the spread over
+  repeats; goal: at most 1 us); the same with judging sampled out (a zero sample rate: the guard and its
+  spans only), as a cost ratio against the bare loop (goal: at most 1.5x).
 - inter-token latency under a slow judge (200 ms): p50/p99 gap between tokens with streamjudge vs the
   naive loop that awaits the judge at each sentence boundary, vs no judging at all; tokens from a model in
   another process (over a pipe) and, for comparison, from an ``asyncio.sleep`` source.
@@ -182,8 +183,9 @@ def bench_hot_path(samples: list[tuple[str, str, bool]], repeats: int) -> dict[s
         streams.append((ctx, tokenize(answer), "Summarize the passages."))
     tokens = sum(len(t) for _c, t, _q in streams)
 
-    def phase(settings: Settings) -> tuple[float, float, float]:
-        """(best plain, best guarded, best guarded incl. end wait), the plain loop interleaved with it."""
+    def phase(settings: Settings) -> tuple[float, float, float, list[float]]:
+        """(best plain, best guarded, best guarded incl. end wait, per-token overhead of each repeat in
+        microseconds), the plain loop interleaved with it."""
         rt = streamjudge.configure(settings, downstream=_Discard(), set_global=False)
         plain: list[float] = []
         guarded: list[float] = []
@@ -200,11 +202,12 @@ def bench_hot_path(samples: list[tuple[str, str, bool]], repeats: int) -> dict[s
             rt.force_flush(30_000)
         finally:
             rt.shutdown()
-        return min(plain), min(guarded), min(guarded_total)
+        per_repeat = [(g - p) / tokens * 1e6 for p, g in zip(plain, guarded, strict=True)]
+        return min(plain), min(guarded), min(guarded_total), per_repeat
 
-    best_plain, best_guarded, best_total = phase(Settings())
+    best_plain, best_guarded, best_total, spread = phase(Settings())
     # judging sampled out: the guard and its spans, no judge work (one runtime at a time, so its own phase)
-    plain_0, guarded_0, _ = phase(Settings(sample_rate=0.0))
+    plain_0, guarded_0, _, spread_0 = phase(Settings(sample_rate=0.0))
     return {
         "hot_path_tokens": tokens,
         "hot_path_streams": len(streams),
@@ -212,9 +215,13 @@ def bench_hot_path(samples: list[tuple[str, str, bool]], repeats: int) -> dict[s
         "hot_path_tokens_per_s_guard": round(tokens / best_guarded),
         "hot_path_ratio": round(best_plain / best_guarded, 3),
         "per_token_overhead_us": round((best_guarded - best_plain) / tokens * 1e6, 2),
+        # each repeat's guarded loop against the plain loop run just before it: the spread over repeats
+        "per_token_overhead_us_spread": f"[{min(spread):.2f}-{max(spread):.2f}]",
+        "bare_loop_us_per_token": round(best_plain / tokens * 1e6, 2),
         # including the wait after the last token for the last checkpoint's verdict (before `done`)
         "hot_path_ratio_incl_end_wait": round(best_plain / best_total, 3),
         "per_token_overhead_us_sampled_out": round((guarded_0 - plain_0) / tokens * 1e6, 2),
+        "per_token_overhead_us_sampled_out_spread": f"[{min(spread_0):.2f}-{max(spread_0):.2f}]",
         "hot_path_cost_vs_bare_sampled_out": round(guarded_0 / plain_0, 3),
     }
 
@@ -450,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in part.items():
                 print(f"   {k:<40} {v}")
     goals = {
-        "goal_hot_path_ratio_ge_0.8": results["hot_path_ratio"] >= 0.8,
+        # issue 13: with the local judge on, at most 1 us of wall time added per token at full speed
+        "goal_judged_overhead_le_1us_per_token": results["per_token_overhead_us"] <= 1.0,
         "goal_sampled_out_cost_le_1.5x_bare": results["hot_path_cost_vs_bare_sampled_out"] <= 1.5,
         "goal_itl_p99_within_5pct": results["itl_p99_ratio_vs_no_judge"] <= 1.05,
         "goal_itl_p99_within_5pct_timer_source": results["itl_timer_source_p99_ratio_vs_no_judge"] <= 1.05,
