@@ -320,3 +320,44 @@ def test_a_result_whose_scores_are_not_scores_is_an_error() -> None:
         pool.shutdown(5_000)
     (outcome,) = got
     assert outcome.status == "error" and "not a Score" in (outcome.error or "")
+
+
+def test_a_sleeping_dispatcher_is_woken_once_however_many_jobs_arrive_before_it_runs() -> None:
+    # each wake-up is a syscall on the submitting (token-streaming) thread: while the woken dispatcher has
+    # not run yet (its thread waits for the GIL, or here for a callback), more jobs must not send more
+    pool = JudgePool()
+    cb = Collector()
+    pool.submit(job(KeywordJudge(), cb))
+    assert pool.force_flush(5_000)
+    deadline = time.monotonic() + 5
+    while not pool._sleeping and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop = pool._loop
+    assert loop is not None and pool._sleeping
+    entered, gate = threading.Event(), threading.Event()
+
+    def hold_up() -> None:  # the pool's thread is busy elsewhere; its dispatcher still sleeps
+        entered.set()
+        gate.wait(5)
+
+    loop.call_soon_threadsafe(hold_up)
+    assert entered.wait(5)
+    wakes = 0
+    real = loop.call_soon_threadsafe
+
+    def counting(callback, *args):  # type: ignore[no-untyped-def]
+        nonlocal wakes
+        if callback == pool._wake.set:  # type: ignore[union-attr]
+            wakes += 1
+        return real(callback, *args)
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    try:
+        for _ in range(5):
+            assert pool.submit(job(KeywordJudge(), cb))
+    finally:
+        gate.set()
+    assert pool.force_flush(5_000)
+    assert cb.statuses() == ["judged"] * 6
+    assert wakes == 1
+    pool.shutdown()

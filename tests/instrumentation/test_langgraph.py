@@ -139,12 +139,8 @@ def test_verdicts_wake_the_loop_only_while_the_tap_waits_for_one(harness, monkey
     assert wakes <= 2 < verdicts, (wakes, verdicts)
 
 
-def test_openinference_tracer_runs_in_the_callers_thread_and_is_put_back(harness, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    # LangChain hands a sync handler's callbacks to the loop's thread pool unless it runs inline: with
-    # streamjudge set up, openinference's tracer must run in the graph's own thread (no hop per token),
-    # still make its spans, and be dispatched as before once streamjudge is gone
-    rt = harness.configure(end_wait_s=0.5)
-    before = OpenInferenceTracer.run_inline
+def _token_callback_threads(monkeypatch) -> set[str]:  # type: ignore[no-untyped-def]
+    """The names of the threads openinference's tracer gets its token callbacks on, from now on."""
     threads: set[str] = set()
     real = OpenInferenceTracer.on_llm_new_token
 
@@ -153,6 +149,16 @@ def test_openinference_tracer_runs_in_the_callers_thread_and_is_put_back(harness
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(OpenInferenceTracer, "on_llm_new_token", recording)
+    return threads
+
+
+def test_openinference_tracer_runs_in_the_callers_thread_and_is_put_back(harness, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # LangChain hands a sync handler's callbacks to the loop's thread pool unless it runs inline: with
+    # streamjudge set up, openinference's tracer must run in the graph's own thread (no hop per token),
+    # still make its spans, and be dispatched as before once streamjudge is gone
+    rt = harness.configure(end_wait_s=0.5)
+    before = OpenInferenceTracer.run_inline
+    threads = _token_callback_threads(monkeypatch)
     inst = StreamJudgeInstrumentor()
     inst.instrument()
     try:
@@ -170,14 +176,7 @@ def test_openinference_tracer_runs_in_the_callers_thread_and_is_put_back(harness
 
 def test_openinference_inline_off_keeps_langchains_dispatch(harness, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     rt = harness.configure(end_wait_s=0.5, openinference_inline=False)
-    threads: set[str] = set()
-    real = OpenInferenceTracer.on_llm_new_token
-
-    def recording(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        threads.add(threading.current_thread().name)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(OpenInferenceTracer, "on_llm_new_token", recording)
+    threads = _token_callback_threads(monkeypatch)
     before = OpenInferenceTracer.run_inline
     inst = StreamJudgeInstrumentor()
     inst.instrument()
