@@ -124,14 +124,20 @@ def test_queue_full_drops_and_says_so() -> None:
     pool.shutdown()
 
 
+def _busy_pool(judge: GatedJudge) -> tuple[JudgePool, Collector]:
+    """A one-slot pool whose slot a gated job holds: what is submitted next waits in the queue."""
+    pool = JudgePool(concurrency=1)
+    cb = Collector()
+    pool.submit(job(judge, cb, stream_key=99))
+    time.sleep(0.05)
+    return pool, cb
+
+
 def test_live_jobs_run_before_queued_final_passes() -> None:
     # a backlog of whole answers must not delay a checkpoint whose stream is still being read
     gate = threading.Event()
-    pool = JudgePool(concurrency=1)
     judge = GatedJudge(gate)
-    cb = Collector()
-    pool.submit(job(judge, cb, stream_key=99))  # occupies the only slot
-    time.sleep(0.05)
+    pool, cb = _busy_pool(judge)
     for i in range(3):
         pool.submit(job(judge, cb, item=EvalInput("q", (), f"final {i}", kind="answer")))
     pool.submit(job(judge, cb, live=True, item=EvalInput("q", (), "live 0")))
@@ -162,12 +168,8 @@ def test_cancel_and_shutdown_reach_both_lanes() -> None:
 
 def test_newer_checkpoint_supersedes_queued_older_one() -> None:
     gate = threading.Event()
-
-    pool = JudgePool(concurrency=1)
     judge = GatedJudge(gate)
-    cb = Collector()
-    pool.submit(job(judge, cb, stream_key=99))  # occupies the only slot
-    time.sleep(0.05)
+    pool, cb = _busy_pool(judge)
     for i in range(4):
         pool.submit(job(judge, cb, stream_key=7, coalesce=True, item=EvalInput("q", (), f"text {i}")))
     gate.set()
