@@ -12,6 +12,7 @@ import pytest
 from _fakes import BrokenJudge, KeywordJudge, SyncKeywordJudge
 from conftest import Harness
 from streamjudge import RegenerateRequest, StreamEvent, guard, semconv
+from streamjudge.judging._drivers import _GAP_SAMPLE as _GAP
 from streamjudge.judging.guard import GuardSession
 
 CONTEXTS = ["The sky is blue. Grass is green. Water is wet."]
@@ -361,6 +362,59 @@ def test_a_warning_does_not_wait_for_a_slow_next_token(harness: Harness) -> None
             yield w + " "
             await asyncio.sleep(0.02)  # a slow model: racing verdicts against tokens is on
         await asyncio.sleep(1.0)
+        yield "Done."
+
+    async def main() -> tuple[float, float]:
+        t0 = time.monotonic()
+        warned = last_token = 0.0
+        async for ev in guard(source(), question="sky", contexts=CONTEXTS):
+            if ev.type == "warning" and not warned:
+                warned = time.monotonic() - t0
+            elif ev.type == "token" and ev.text == "Done.":
+                last_token = time.monotonic() - t0
+        return warned, last_token
+
+    warned, last_token = asyncio.run(main())
+    assert 0 < warned < last_token - 0.5
+
+
+def test_a_fast_source_is_timed_on_a_sample_of_its_tokens(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # verdicts stay in flight (1 s judge) while a fast source streams: the guard keeps measuring the
+    # source's pace, but timing every token would cost more than the rest of its work per token
+    from streamjudge.judging import _drivers
+
+    harness.configure(KeywordJudge(delay_s=1.0), window_sentences=1, preflight=False, end_wait_s=0.0)
+    calls = 0
+    real = _drivers.perf_counter
+
+    def counting() -> float:
+        nonlocal calls
+        calls += 1
+        return real()
+
+    monkeypatch.setattr(_drivers, "perf_counter", counting)
+    text = GOOD * 20
+    events = run(guard(words(text), question="sky", contexts=CONTEXTS))
+    tokens = sum(1 for e in events if e.type == "token")
+    assert tokens == len(text.split(" "))
+    # two readings per timed token; one token in _GAP_SAMPLE is timed
+    assert 0 < calls <= 2 * (tokens // _drivers._GAP_SAMPLE + 2), (calls, tokens)
+
+
+def test_a_source_that_turns_slow_is_raced_before_its_stall(harness: Harness) -> None:
+    # fast tokens while a verdict is in flight, then a model that slows down and stalls: the warning
+    # must still reach the client during the stall, not with the token after it
+    harness.configure(KeywordJudge(delay_s=0.3), window_sentences=1, preflight=False)
+
+    async def source() -> AsyncIterator[str]:
+        for w in ("The sky is blue. " * 6).split():
+            yield w + " "  # fast: nothing awaited
+        for w in ["Then", "HALLUCINATED", "facts", "appear.", "And"] + ["more"] * 2 * _GAP:
+            yield w + " "
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(1.5)
         yield "Done."
 
     async def main() -> tuple[float, float]:

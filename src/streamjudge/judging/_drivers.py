@@ -84,6 +84,8 @@ class AsyncWaker:
 # until the next token; a faster one is awaited directly (a verdict then waits at most one token gap,
 # and racing would cost every such token a task while a verdict is in flight)
 _RACE_GAP_S = 0.0015
+# while verdicts are in flight and the source is fast, one token in this many is timed
+_GAP_SAMPLE = 8
 
 
 class GuardedStream:
@@ -118,6 +120,7 @@ class GuardedStream:
         nxt: asyncio.Future[Any] | None = None
         outcome = "completed"
         slow = False  # measured while verdicts are in flight
+        timer = 1  # tokens until the next timed one: the first token awaited with verdicts in flight
         nxt_started = 0.0
         try:
             for ev in s.start():
@@ -195,12 +198,22 @@ class GuardedStream:
                     else:
                         if deferred:
                             call_soon(deferred.pop())
-                        t0 = perf_counter()
-                        try:
-                            tok = await source.__anext__()
-                        except StopAsyncIteration:
-                            break
-                        slow = perf_counter() - t0 > _RACE_GAP_S
+                        timer -= 1
+                        if timer:
+                            try:
+                                tok = await source.__anext__()
+                            except StopAsyncIteration:
+                                break
+                        else:
+                            # the source's pace, sampled: timing every token costs more than the rest of
+                            # this branch, and a source does not change its pace from one token to the next
+                            timer = _GAP_SAMPLE
+                            t0 = perf_counter()
+                            try:
+                                tok = await source.__anext__()
+                            except StopAsyncIteration:
+                                break
+                            slow = perf_counter() - t0 > _RACE_GAP_S
                     if broken:
                         if isinstance(tok, str) and tok:
                             yield new_event(StreamEvent, ("token", tok, None))
