@@ -770,3 +770,40 @@ def test_a_context_sentence_that_names_its_subject_by_a_definite_description_sup
     bad = judge.evaluate_sync(EvalInput("q", ("The Eiffel Tower is in Paris. The bridge is 330 metres long.",),
                                         "The Eiffel Tower is 330 metres long."), [F])
     assert bad.scores[0].value == 0.0, bad.scores[0].explanation
+
+
+def test_the_checkpoint_and_final_tiers_share_one_index_of_a_context_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # both tiers judge the same contexts: the final pass must find the index (and the sentence verdicts)
+    # its checkpoints built, not index every context set a second time
+    from streamjudge.judging.judges import _local_index
+
+    built: list[tuple[str, ...]] = []
+    real_init = _local_index.ContextIndex.__init__
+
+    def counting(self: ContextIndex, contexts: tuple[str, ...], *args: object, **kwargs: object) -> None:
+        built.append(tuple(contexts))
+        real_init(self, contexts, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_local_index.ContextIndex, "__init__", counting)
+    s = Settings()
+    checkpoint = create_judge("local", s, tier="checkpoint")
+    final = create_judge("local", s, tier="final")
+    ctx = ("The plant in Lyon opened in 1994 and employs 300 people.",)
+    first = asyncio.run(checkpoint.evaluate(EvalInput("q", ctx, "The plant opened in 1994."), ["faithfulness"]))
+    whole = asyncio.run(final.evaluate(EvalInput("q", ctx, "The plant opened in 1994. It employs 300 people."),
+                                       ["faithfulness"]))
+    assert first.scores[0].value == 1.0 and whole.scores[0].value == 1.0
+    assert built == [ctx]
+    # closing one tier keeps the other's cache; closing the last one frees it
+    asyncio.run(checkpoint.aclose())
+    asyncio.run(checkpoint.aclose())  # twice is once
+    asyncio.run(final.evaluate(EvalInput("q", ctx, "It employs 300 people."), ["faithfulness"]))
+    assert built == [ctx]
+    asyncio.run(final.aclose())
+    assert len(final._indexes) == 0
+    # a judge built on its own keeps a cache of its own
+    alone = LocalJudge()
+    asyncio.run(alone.evaluate(EvalInput("q", ctx, "The plant opened in 1994."), ["faithfulness"]))
+    assert built == [ctx, ctx]

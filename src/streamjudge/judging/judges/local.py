@@ -31,7 +31,8 @@ contexts support, with per-sentence scores of the reference.
 
 Contexts are indexed once per contexts tuple (a small LRU; each context's analysis is shared between
 tuples) and sentence verdicts are cached per index, so the final pass pays little for the sentences its
-checkpoints judged.
+checkpoints judged: the local judges built from settings in one process (the checkpoint tier, the final
+tier, a worker's) share one index cache.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import re
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -79,19 +81,59 @@ _REFUSAL_RE = re.compile(
 )
 
 
+class _SharedIndexes:
+    """The index cache of the local judges built from settings in this process.
+
+    The checkpoint and final tiers judge the same contexts: with a cache each, every context set was
+    indexed twice (half of the judge's time with distinct contexts per stream) and the final pass found
+    none of its checkpoints' sentence verdicts. The cache is bounded by chars as before, and cleared when
+    the last judge using it closes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: IndexCache | None = None
+        self._users = 0
+
+    def acquire(self) -> IndexCache:
+        with self._lock:
+            if self._cache is None:
+                self._cache = IndexCache()
+            self._users += 1
+            return self._cache
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users <= 0 and self._cache is not None:
+                self._cache.clear()
+                self._cache = None
+                self._users = 0
+
+
+_SHARED = _SharedIndexes()
+
+
 class LocalJudge:
     """Deterministic claim-level judge. Thread-safe; ``evaluate_sync`` is cheap enough for a hot path."""
 
     name = "local"
 
-    def __init__(self, *, index_cache_size: int = 512, claim_cache_size: int = 4096) -> None:
-        self._indexes = IndexCache(index_cache_size, claim_cache_size)
+    def __init__(
+        self, *, index_cache_size: int = 512, claim_cache_size: int = 4096, shared: bool = False
+    ) -> None:
+        """``shared``: use the process's index cache (what :meth:`from_settings` builds) instead of one of
+        this judge's own (whose size the other arguments set)."""
+        self._shared = shared
+        self._open = True
+        self._indexes = _SHARED.acquire() if shared else IndexCache(index_cache_size, claim_cache_size)
 
     @classmethod
     def from_settings(cls, settings: Any, tier: str = "final") -> LocalJudge:
-        """The local judge takes no settings; both tiers get the same deterministic judge."""
+        """The local judge takes no settings; both tiers get the same deterministic judge and one index
+        cache, so the final pass reuses its checkpoints' context indexes and sentence verdicts."""
         del settings, tier
-        return cls()
+        return cls(shared=True)
 
     async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
         """Score ``item`` on ``metrics``. Large inputs are judged off the event loop thread."""
@@ -117,8 +159,12 @@ class LocalJudge:
         return JudgeResult(self.name, tuple(scores))
 
     async def aclose(self) -> None:
-        """Drop the cached indexes; there is nothing else to release."""
-        self._indexes.clear()
+        """Drop the cached indexes (the shared cache once no judge uses it); nothing else to release."""
+        if not self._shared:
+            self._indexes.clear()
+        elif self._open:
+            _SHARED.release()
+        self._open = False
 
     # --- metrics ----------------------------------------------------------------------------------
 
