@@ -17,6 +17,10 @@ with fresh judges so no verdict is served from a previous run):
   stream; the spread of the mean checkpoint cost over the repeats;
 * ``growing``: one synthetic 400-sentence answer judged at every 2nd sentence; the cost of checkpoints
   1-10 against 191-200 shows whether a checkpoint pays for its prefix or only its new sentences;
+* ``tiers``: a stream's checkpoints and its final pass judged by two judges, as the runtime runs them
+  (one per tier, built with ``create_judge`` and sharing the process's index cache) against a baseline in
+  the same run of two judges with a cache each (so the final pass indexes the contexts again and finds
+  none of the checkpoints' sentence verdicts); judge time per stream, ratio and spread over the repeats;
 * ``index``: building the context index of five distinct FaithBench sources, and of the same five each
   repeated 100 times (cold: contexts never seen before, so no per-context analysis is reused).
 """
@@ -24,6 +28,7 @@ with fresh judges so no verdict is served from a previous run):
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import statistics
@@ -33,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from streamjudge import semconv
-from streamjudge.judging.base import METRICS, EvalInput
+from streamjudge.config import Settings
+from streamjudge.judging.base import METRICS, EvalInput, Judge
+from streamjudge.judging.judges import create_judge
 from streamjudge.judging.judges._local_index import ContextIndex
 from streamjudge.judging.judges.local import LocalJudge
 from streamjudge.sentences import split_sentences
@@ -133,6 +140,41 @@ def _bench_streams(streams: Sequence[tuple[tuple[str, ...], str]], repeat: int) 
     }
 
 
+def _bench_tiers(streams: Sequence[tuple[tuple[str, ...], str]], repeat: int) -> dict[str, Any]:
+    prepared = [(ctx, answer, _checkpoint_texts(answer)) for ctx, answer in streams]
+    settings = Settings()
+
+    def tier(name: str) -> LocalJudge:
+        judge: Judge = create_judge("local", settings, tier=name)  # type: ignore[arg-type]
+        assert isinstance(judge, LocalJudge)
+        return judge
+
+    def per_stream(checkpoint: LocalJudge, final: LocalJudge, tag: str) -> float:
+        total = 0.0
+        for ctx, answer, texts in prepared:
+            ctx = (f"[{tag}] {ctx[0]}", *ctx[1:])  # contexts never seen before in this process
+            for prefix, new in texts:
+                total += _us(checkpoint, _checkpoint(ctx, prefix, new), F)
+            total += _us(final, EvalInput(QUESTION, ctx, answer), METRICS)
+        return total / len(prepared)
+
+    shared: list[float] = []
+    own: list[float] = []
+    for r in range(repeat):  # interleaved, fresh judges and fresh contexts every time
+        pair = (tier("checkpoint"), tier("final"))
+        shared.append(per_stream(*pair, tag=f"shared {r}"))
+        for judge in pair:
+            asyncio.run(judge.aclose())  # the last one frees the shared cache
+        own.append(per_stream(LocalJudge(), LocalJudge(), tag=f"own {r}"))
+    ratios = [a / b for a, b in zip(shared, own, strict=True)]
+    return {
+        "shared_us_per_stream": min(shared),
+        "own_caches_us_per_stream": min(own),
+        "ratio": statistics.median(ratios),
+        "ratio_spread": [min(ratios), max(ratios)],
+    }
+
+
 def _bench_growing(repeat: int) -> dict[str, float]:
     facts = [
         "The company was founded in 1998 in Palo Alto.",
@@ -192,6 +234,7 @@ def main() -> None:
     results: dict[str, Any] = {
         "clock": args.clock,
         "streams": _bench_streams(streams, args.repeat) if streams else None,
+        "tiers": _bench_tiers(streams, args.repeat) if streams else None,
         "growing": _bench_growing(args.repeat),
         "index": _bench_index(streams, args.repeat),
     }
@@ -213,6 +256,12 @@ def main() -> None:
         print(f"  mean over {args.repeat} repeats: min {spread['min']:.1f}, median {spread['median']:.1f}, "
               f"max {spread['max']:.1f} us")
         print(f"  final pass (all metrics)       {s['final_us']:9.1f} us")
+    t = results["tiers"]
+    if t is not None:
+        print("tiers: a stream's checkpoints and final pass by the runtime's two judges (one index cache)")
+        print(f"  judge time per stream          {t['shared_us_per_stream']:9.1f} us; a cache each "
+              f"(baseline) {t['own_caches_us_per_stream']:.1f} us; ratio {t['ratio']:.2f} "
+              f"[{t['ratio_spread'][0]:.2f}-{t['ratio_spread'][1]:.2f}]")
     g = results["growing"]
     print(f"growing text: {g['checkpoints']:.0f} checkpoints, up to {g['last_text_chars']:.0f} chars "
           f"(a checkpoint's cost should not grow with its prefix)")
