@@ -790,20 +790,34 @@ def test_the_checkpoint_and_final_tiers_share_one_index_of_a_context_set(
     s = Settings()
     checkpoint = create_judge("local", s, tier="checkpoint")
     final = create_judge("local", s, tier="final")
-    ctx = ("The plant in Lyon opened in 1994 and employs 300 people.",)
+    # contexts no other test indexed in this process (the cache is the process's)
+    ctx = (f"The plant in Lyon opened in 1994 and employs 300 people. [{os.getpid()} {id(built)}]",)
     first = asyncio.run(checkpoint.evaluate(EvalInput("q", ctx, "The plant opened in 1994."), ["faithfulness"]))
     whole = asyncio.run(final.evaluate(EvalInput("q", ctx, "The plant opened in 1994. It employs 300 people."),
                                        ["faithfulness"]))
     assert first.scores[0].value == 1.0 and whole.scores[0].value == 1.0
     assert built == [ctx]
-    # closing one tier keeps the other's cache; closing the last one frees it
+    # closing one tier keeps the cache for the other
     asyncio.run(checkpoint.aclose())
     asyncio.run(checkpoint.aclose())  # twice is once
     asyncio.run(final.evaluate(EvalInput("q", ctx, "It employs 300 people."), ["faithfulness"]))
     assert built == [ctx]
     asyncio.run(final.aclose())
-    assert len(final._indexes) == 0
     # a judge built on its own keeps a cache of its own
     alone = LocalJudge()
     asyncio.run(alone.evaluate(EvalInput("q", ctx, "The plant opened in 1994."), ["faithfulness"]))
-    assert built == [ctx, ctx]
+    assert built[1:] == [ctx]
+
+
+def test_the_shared_index_cache_is_freed_when_its_last_judge_closes() -> None:
+    from streamjudge.judging.judges import local
+
+    shared = local._SharedIndexes()
+    a, b = shared.acquire(), shared.acquire()
+    assert a is b
+    a.get(("The sky is blue.",))
+    shared.release()
+    assert len(a) == 1  # one judge still uses it
+    shared.release()
+    assert len(a) == 0  # the last one closed: freed
+    assert shared.acquire() is not a  # the next judge starts a new one
