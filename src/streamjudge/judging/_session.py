@@ -30,6 +30,7 @@ from streamjudge.judging._telemetry import (
     defer_final,
     set_text,
     skip_attributes,
+    text_attributes,
 )
 from streamjudge.judging._telemetry import capped as span_text
 from streamjudge.judging._tokens import TokenText
@@ -212,7 +213,8 @@ class GuardSession:
         # counts as sampled out, decided here once, so nothing waits for verdicts and nothing is held
         self._recording = span.is_recording()
         self._stream_hex = format(ctx.span_id, "016x")
-        span.set_attribute(semconv.STREAM_ID, self._stream_hex)
+        # set in one call at the end: each set_attribute takes the span's lock and builds a dict
+        late: dict[str, AttributeValue] = {semconv.STREAM_ID: self._stream_hex}
         stream_started(self._trace_id, self)
         stored = None
         if self.question is not None or self.contexts is not None or self.reference is not None:
@@ -226,23 +228,23 @@ class GuardSession:
             self.contexts = self.contexts if self.contexts is not None else stored.contexts
             self.reference = self.reference if self.reference is not None else stored.reference
             if stored.session_id:
-                span.set_attribute(semconv.SESSION_ID, stored.session_id)
+                late[semconv.SESSION_ID] = stored.session_id
         self._requests.bind(span, stored.session_id if stored is not None else None)
         if self.question is not None and settings.capture_content:
-            span.set_attribute(semconv.STREAM_QUESTION, self.question)
-            span.set_attribute(semconv.INPUT_VALUE, self.question)
+            late[semconv.STREAM_QUESTION] = late[semconv.INPUT_VALUE] = self.question
         if not self._recording or not backend.service.sampled(self._trace_id):
             self._judging = False
             self._unjudged_status = "sampled_out"
-            span.set_attribute(semconv.EVAL_STATUS, "sampled_out")
+            late[semconv.EVAL_STATUS] = "sampled_out"
         elif self.contexts is not None and _size(self.contexts) > settings.max_judge_input_chars:
             self._judging = False
             self._unjudged_status = "skipped"
             self._record_skip("stream", "contexts_too_large")
-            span.set_attribute(semconv.EVAL_STATUS, "skipped")
-            span.set_attribute(semconv.EVAL_SKIP_REASON, "contexts_too_large")
+            late[semconv.EVAL_STATUS] = "skipped"
+            late[semconv.EVAL_SKIP_REASON] = "contexts_too_large"
         if self.contexts is not None:
-            span.set_attribute(semconv.STREAM_CONTEXT_COUNT, len(self.contexts))
+            late[semconv.STREAM_CONTEXT_COUNT] = len(self.contexts)
+        span.set_attributes(late)
         if not self._judging:
             # nothing will be judged: no sentence splitting, no windows, nothing held back
             self._windows = Transcript()
@@ -354,28 +356,30 @@ class GuardSession:
         text = self._windows.text()
         summary = self._summary(outcome)
         st = self._stats
-        for key, value in (
-            (semconv.STREAM_TOKENS, st.tokens),
-            (semconv.STREAM_CHARS, len(text)),
-            (semconv.STREAM_CHECKPOINTS, self._next_index),
-            (semconv.STREAM_ALERTS, st.alerts),
-            (semconv.STREAM_VERDICT, summary["verdict"]),
-            (semconv.STREAM_OUTCOME, outcome),
-            (semconv.STREAM_REGENERATIONS, st.regenerations),
-        ):
-            span.set_attribute(key, value)
+        limit = self.settings.max_text_attribute_chars
+        # one call for all of them: each set_attribute takes the span's lock and builds a dict
+        attrs: dict[str, AttributeValue] = {
+            semconv.STREAM_TOKENS: st.tokens,
+            semconv.STREAM_CHARS: len(text),
+            semconv.STREAM_CHECKPOINTS: self._next_index,
+            semconv.STREAM_ALERTS: st.alerts,
+            semconv.STREAM_VERDICT: summary["verdict"],
+            semconv.STREAM_OUTCOME: outcome,
+            semconv.STREAM_REGENERATIONS: st.regenerations,
+        }
         if self._text.skipped:
-            span.set_attribute(semconv.STREAM_SKIPPED_TOKENS, self._text.skipped)
-        span.set_attributes(skip_attributes(self._skips))
+            attrs[semconv.STREAM_SKIPPED_TOKENS] = self._text.skipped
+        attrs.update(skip_attributes(self._skips))
         if st.ttft_ms is not None:
-            span.set_attribute(semconv.STREAM_TTFT_MS, st.ttft_ms)
-        set_text(span, ANSWER_KEYS, text, capture=self.settings.capture_content,
-                 limit=self.settings.max_text_attribute_chars)
+            attrs[semconv.STREAM_TTFT_MS] = st.ttft_ms
+        attrs.update(text_attributes(ANSWER_KEYS, text, capture=self.settings.capture_content, limit=limit))
         if self.settings.capture_content:
-            span.set_attribute(semconv.OUTPUT_VALUE, span_text(text, self.settings.max_text_attribute_chars))
+            attrs[semconv.OUTPUT_VALUE] = span_text(text, limit)
         ended_well = outcome in ("completed", "stopped")
         if not ended_well:
-            span.set_attribute(semconv.EVAL_SKIP_REASON, outcome)
+            attrs[semconv.EVAL_SKIP_REASON] = outcome
+        span.set_attributes(attrs)
+        if not ended_well:
             span.set_status(Status(StatusCode.ERROR, f"stream {outcome}"))
         service = self._backend.service
         service.end_stream(self._span_id)

@@ -24,15 +24,24 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
 
 
-def set_text(span: trace.Span, keys: tuple[str, str, str], text: str, *, capture: bool, limit: int) -> None:
-    """Put ``text`` on ``span`` under ``keys`` = (text, length, sha256): the (capped) text when content is
-    captured, its length and digest when it is not or when it was capped."""
+def text_attributes(
+    keys: tuple[str, str, str], text: str, *, capture: bool, limit: int
+) -> dict[str, AttributeValue]:
+    """``text`` under ``keys`` = (text, length, sha256): the (capped) text when content is captured, its
+    length and digest when it is not or when it was capped."""
     key, length_key, sha_key = keys
+    out: dict[str, AttributeValue] = {}
     if capture:
-        span.set_attribute(key, capped(text, limit))
+        out[key] = capped(text, limit)
     if not capture or len(text) > limit:
-        span.set_attribute(length_key, len(text))
-        span.set_attribute(sha_key, sha256(text))
+        out[length_key] = len(text)
+        out[sha_key] = sha256(text)
+    return out
+
+
+def set_text(span: trace.Span, keys: tuple[str, str, str], text: str, *, capture: bool, limit: int) -> None:
+    """Put :func:`text_attributes` on ``span`` (one call: each call takes the span's lock)."""
+    span.set_attributes(text_attributes(keys, text, capture=capture, limit=limit))
 
 
 ANSWER_KEYS = (semconv.STREAM_ANSWER, semconv.STREAM_ANSWER_LENGTH, semconv.STREAM_ANSWER_SHA256)
