@@ -464,3 +464,40 @@ def test_checkpoint_span_work_waits_until_the_next_token_was_asked_for(
     assert len(mid) >= 3, log
     for i in mid:
         assert [k for k, _ in log[i - 2 : i]] == ["token", "step"], log[i - 3 : i + 1]
+
+
+def test_verdicts_posted_together_wake_the_waiting_stream_once() -> None:
+    # the pool often posts several verdicts at once (a merged job's and those it superseded): one
+    # cross-thread wake-up of the loop is enough; a verdict after the stream woke wakes it again
+    from streamjudge.judging._drivers import AsyncWaker
+
+    async def main() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        waker = AsyncWaker(loop)
+        sent = 0
+        real = loop.call_soon_threadsafe
+
+        def counting(cb: Any, *args: Any) -> Any:
+            nonlocal sent
+            sent += cb == waker._wake  # not the thread pool's own hand-backs
+            return real(cb, *args)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+
+        waiting = asyncio.ensure_future(waker.wait(None, 5.0))
+        await asyncio.sleep(0)  # the stream now waits
+        # five verdicts before the loop can run the first wake-up (posted here, between two awaits, so the
+        # loop cannot run in between; the pool's thread posts them the same way while it holds the GIL)
+        for _ in range(5):
+            waker.notify()
+        await asyncio.wait_for(waiting, 1.0)
+        first = sent
+        waiting = asyncio.ensure_future(waker.wait(None, 5.0))
+        await asyncio.sleep(0)
+        await asyncio.to_thread(waker.notify)
+        await asyncio.wait_for(waiting, 1.0)
+        return first, sent
+
+    first, total = asyncio.run(main())
+    assert first == 1
+    assert total == 2

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import threading
 import time
@@ -33,22 +32,30 @@ class AsyncWaker:
     of the two always sees the other.
     """
 
-    __slots__ = ("_flag", "_fut", "_loop")
+    __slots__ = ("_flag", "_fut", "_loop", "_waking")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._fut: asyncio.Future[None] | None = None
         self._flag = False
+        # a wake-up is on its way to the loop: verdicts that follow it before it ran need none of their
+        # own (the pool often posts several at once - a merged job's and the ones it superseded)
+        self._waking = False
 
     def notify(self) -> None:
         self._flag = True
         fut = self._fut
-        if fut is None or fut.done():
+        if fut is None or fut.done() or self._waking:
             return
-        with contextlib.suppress(RuntimeError):  # loop already closed: nobody is waiting any more
+        # set before scheduling: the loop may run the wake-up (and clear it) before this line returns
+        self._waking = True
+        try:
             self._loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # loop already closed: nobody is waiting any more
+            self._waking = False
 
     def _wake(self) -> None:
+        self._waking = False
         self._release()
 
     async def wait(self, other: asyncio.Future[Any] | None, timeout: float | None) -> None:
