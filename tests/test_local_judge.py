@@ -821,3 +821,37 @@ def test_the_shared_index_cache_is_freed_when_its_last_judge_closes() -> None:
     shared.release()
     assert len(a) == 0  # the last one closed: freed
     assert shared.acquire() is not a  # the next judge starts a new one
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_another_thread_held_the_index_cache_can_still_judge() -> None:
+    # a gunicorn-style fork from a parent that judged: the lock the parent's pool thread held at fork time
+    # would stay held forever in the child
+    import signal
+
+    judge = LocalJudge()
+    ctx = ("The sky is blue.",)
+    assert judge.evaluate_sync(EvalInput("q", ctx, "The sky is blue."), ["faithfulness"]).scores[0].value == 1.0
+    cache = judge._indexes
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with cache._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(5)
+    pid = os.fork()
+    if pid == 0:  # the child: the holder thread does not exist here
+        signal.alarm(5)  # a deadlock ends the child with SIGALRM
+        try:
+            r = judge.evaluate_sync(EvalInput("q", ctx, "The sky is blue."), ["faithfulness"])
+            os._exit(0 if r.scores[0].value == 1.0 else 2)
+        except BaseException:
+            os._exit(3)
+    release.set()
+    t.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

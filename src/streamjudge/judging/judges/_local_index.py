@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from streamjudge._fork import after_fork_in_child
 from streamjudge.judging.judges._local_text import (
     MONTHS,
     NUMBER_WORDS,
@@ -466,6 +467,16 @@ class IndexCache:
         self._lock = threading.Lock()
         self._data: OrderedDict[tuple[str, ...], ContextIndex] = OrderedDict()
         self._sizes: dict[tuple[str, ...], int] = {}
+        after_fork_in_child(self, IndexCache._after_fork)
+
+    def _after_fork(self) -> None:
+        # a lock another thread held at fork time stays held forever in the child (a gunicorn worker forked
+        # from a parent that judged): new locks, and the indexes (each with its own lock) are rebuilt on use
+        self._lock = threading.Lock()
+        self._data = OrderedDict()
+        self._sizes = {}
+        self._chars = 0
+        self._parts = PartCache(max(8, min(4 * self._size, 1024)))
 
     def get(self, contexts: tuple[str, ...]) -> ContextIndex:
         """The index of ``contexts``, built on first use."""

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from streamjudge import semconv
+from streamjudge._fork import after_fork_in_child
 from streamjudge.judging.base import EvalInput, JudgeResult, Score, SentenceScore
 from streamjudge.judging.judges._local_index import ClaimVerdict, ContextIndex, IndexCache, fact_keys
 from streamjudge.judging.judges._local_text import (
@@ -94,6 +95,10 @@ class _SharedIndexes:
         self._lock = threading.Lock()
         self._cache: IndexCache | None = None
         self._users = 0
+        after_fork_in_child(self, _SharedIndexes._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # the cache re-initialises itself (see IndexCache)
 
     def acquire(self) -> IndexCache:
         with self._lock:
