@@ -350,6 +350,22 @@ async def _aiter(items: list[Any]) -> AsyncIterator[Any]:
         yield i
 
 
+def _warning_and_last_token(source: AsyncIterator[str]) -> tuple[float, float]:
+    """Seconds from the start to the first warning and to the last token ("Done.") of a guarded stream."""
+
+    async def main() -> tuple[float, float]:
+        t0 = time.monotonic()
+        warned = last_token = 0.0
+        async for ev in guard(source, question="sky", contexts=CONTEXTS):
+            if ev.type == "warning" and not warned:
+                warned = time.monotonic() - t0
+            elif ev.type == "token" and ev.text == "Done.":
+                last_token = time.monotonic() - t0
+        return warned, last_token
+
+    return asyncio.run(main())
+
+
 def test_a_warning_does_not_wait_for_a_slow_next_token(harness: Harness) -> None:
     # the model stalls after the hallucinated sentence: the warning must reach the client during the
     # stall, not with the next token
@@ -364,17 +380,7 @@ def test_a_warning_does_not_wait_for_a_slow_next_token(harness: Harness) -> None
         await asyncio.sleep(1.0)
         yield "Done."
 
-    async def main() -> tuple[float, float]:
-        t0 = time.monotonic()
-        warned = last_token = 0.0
-        async for ev in guard(source(), question="sky", contexts=CONTEXTS):
-            if ev.type == "warning" and not warned:
-                warned = time.monotonic() - t0
-            elif ev.type == "token" and ev.text == "Done.":
-                last_token = time.monotonic() - t0
-        return warned, last_token
-
-    warned, last_token = asyncio.run(main())
+    warned, last_token = _warning_and_last_token(source())
     assert 0 < warned < last_token - 0.5
 
 
@@ -417,17 +423,7 @@ def test_a_source_that_turns_slow_is_raced_before_its_stall(harness: Harness) ->
         await asyncio.sleep(1.5)
         yield "Done."
 
-    async def main() -> tuple[float, float]:
-        t0 = time.monotonic()
-        warned = last_token = 0.0
-        async for ev in guard(source(), question="sky", contexts=CONTEXTS):
-            if ev.type == "warning" and not warned:
-                warned = time.monotonic() - t0
-            elif ev.type == "token" and ev.text == "Done.":
-                last_token = time.monotonic() - t0
-        return warned, last_token
-
-    warned, last_token = asyncio.run(main())
+    warned, last_token = _warning_and_last_token(source())
     assert 0 < warned < last_token - 0.5
 
 
