@@ -9,7 +9,9 @@ set of distinct texts otherwise), so the local judge's caches only hit where a r
 interleaved in fresh processes, each repeated:
 
 - ``bare``: the same loop without streamjudge (the baseline of every ratio);
-- ``judged``: streamjudge, local judge on every checkpoint and the final answer;
+- ``judged``: streamjudge with its defaults, local judge on every checkpoint and the final answer
+  (``judge_processes="auto"``: in the app's process until its CPU weighs on the app, then in one worker);
+- ``in_process``: as ``judged`` with ``judge_processes=0``: the local judge never leaves the app's process;
 - ``sampled_out``: streamjudge with a zero sample rate (the guard and its spans, no judging at all);
 - ``processes=N`` (``--processes 1 2``; none with ``--processes``): as ``judged`` with the local judge in N
   worker processes (``judge_processes``), so judging runs on other cores instead of under the app's GIL.
@@ -20,8 +22,8 @@ was 4.5x bare against 0.9x with the fixed share — the judge thread's GIL holds
 
 With ``--capacity JOBS`` (2000 by default, 0 to skip) it also measures the judge's saturated throughput:
 JOBS checkpoints (two per distinct contexts set) queued at once into a judge pool with the default CPU
-share, in-process (``judged``) and in worker processes, reporting checkpoints/s and the pool thread's CPU
-per call.
+share, in-process (``in_process``, the baseline), with ``auto`` and in worker processes, reporting
+checkpoints/s and the pool thread's CPU per call.
 
 Printed per N: tokens/s ratio and ITL p99 ratio against bare, checkpoints judged / superseded (merged into a
 newer request, which judges their sentences too) / dropped or not judged, judge checkpoints per second, and
@@ -60,11 +62,13 @@ if variant != "bare":
     import streamjudge
     from streamjudge.config import Settings
     from streamjudge.runtime import _Discard
-    processes = int(variant.partition("=")[2]) if variant.startswith("processes=") else 0
+    # judged: the defaults (judge_processes="auto"); in_process: never a worker; processes=N: N from the start
+    processes = (int(variant.partition("=")[2]) if variant.startswith("processes=")
+                 else 0 if variant == "in_process" else "auto")
     settings = Settings(preflight=False, end_wait_s=2.0, sample_rate=0.0 if variant == "sampled_out" else 1.0,
                         judge_processes=processes)
     rt = streamjudge.configure(settings, downstream=_Discard(), set_global=False)
-    if processes:  # the workers start at configure time; an app configures well before its traffic
+    if processes != "auto" and processes:  # they start at configure time, as an app configures before traffic
         time.sleep(1.0)
     statuses = {}
     real_resolve = rt.processor.resolve
@@ -106,6 +110,8 @@ if variant != "bare":
     out["superseded"] = statuses.get("superseded", 0)
     out["not_judged"] = sum(v for k, v in statuses.items() if k not in ("judged", "superseded"))
     out["checkpoints_per_s"] = out["judged"] / elapsed
+    # where "auto" ended up judging: 1 once its worker took over
+    out["offloaded"] = float(any(getattr(j, "offloaded", False) for j in rt._judges.values()))
 print(json.dumps(out))
 """
 
@@ -119,7 +125,8 @@ from streamjudge.judging.judges import create_judge
 from streamjudge.judging.pool import JudgeJob, JudgePool
 variant, jobs, data = sys.argv[2], int(sys.argv[3]), sys.argv[4]
 samples = json.load(open(data))
-processes = int(variant.partition("=")[2]) if variant.startswith("processes=") else 0
+processes = (int(variant.partition("=")[2]) if variant.startswith("processes=")
+             else 0 if variant == "in_process" else "auto")
 settings = Settings(judge_processes=processes)
 items = []
 for i in range(jobs // 2):
@@ -133,7 +140,7 @@ for i in range(jobs // 2):
 judge = create_judge("local", settings, tier="checkpoint")
 pool = JudgePool(concurrency=settings.concurrency, queue_size=len(items) + 1, max_queue_bytes=0,
                  cpu_share=settings.judge_cpu_share)
-if processes:  # the workers start at configure time; let them come up as an app's would before traffic
+if processes != "auto" and processes:  # they start at configure time; let them come up before traffic
     time.sleep(1.0)
 statuses, cpu = [], []
 
@@ -201,14 +208,15 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     try:
         for n in args.streams:
-            runs: dict[str, list[dict[str, Any]]] = {"bare": [], "judged": [], "sampled_out": []}
+            runs: dict[str, list[dict[str, Any]]] = {"bare": [], "judged": [], "in_process": [],
+                                                     "sampled_out": []}
             runs.update({f"processes={p}": [] for p in args.processes})
             for _ in range(args.repeat):
                 for variant in runs:  # interleaved: drift on a noisy machine hits every variant alike
                     runs[variant].append(child(variant, n, args.delay_ms, data))
             results[str(n)] = summarize(runs)
         if args.capacity:
-            cap: dict[str, list[dict[str, Any]]] = {"judged": []}
+            cap: dict[str, list[dict[str, Any]]] = {"in_process": [], "auto": []}
             cap.update({f"processes={p}": [] for p in args.processes})
             for _ in range(args.repeat):
                 for variant in cap:
@@ -236,13 +244,13 @@ def _spread(values: list[float], digits: int = 3) -> str:
 
 
 def summarize_capacity(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
-    base = runs["judged"]
+    base = runs["in_process"]
     out: dict[str, str] = {}
     for variant, rs in runs.items():
         out[f"{variant}: checkpoints/s"] = _spread([r["checkpoints_per_s"] for r in rs], 0)
         out[f"{variant}: pool thread CPU us/call"] = _spread([r["pool_cpu_us_per_call"] for r in rs], 1)
         out[f"{variant}: not judged"] = _spread([float(r["not_judged"]) for r in rs], 0)
-        if variant != "judged":
+        if variant != "in_process":
             out[f"{variant}: checkpoints/s ratio vs in-process"] = _spread(
                 [r["checkpoints_per_s"] / b["checkpoints_per_s"] for r, b in zip(rs, base, strict=True)])
     return out
@@ -262,7 +270,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
             [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(rs, bare, strict=True)])
         out[f"{variant}: ITL p99 ratio vs bare"] = _spread(
             [r["itl_p99_ms"] / b["itl_p99_ms"] for r, b in zip(rs, bare, strict=True)])
-        for key in ("judged", "superseded", "not_judged", "checkpoints_per_s"):
+        for key in ("judged", "superseded", "not_judged", "checkpoints_per_s", "offloaded"):
             if key in rs[0]:
                 out[f"{variant}: {key}"] = _spread([float(r[key]) for r in rs], 1)
     return out

@@ -48,3 +48,12 @@ def harness() -> Iterator[Harness]:
     finally:
         if h.runtime is not None:
             h.runtime.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_judge_load_meter() -> None:
+    """Each test's own judging decides whether an auto judge starts a worker (the meter is process-wide
+    and, in an app, remembers a burst; a test must not inherit the one before it)."""
+    from streamjudge.judging.judges._offload import _METER
+
+    _METER.reset()

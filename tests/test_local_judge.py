@@ -556,7 +556,7 @@ def test_context_recall() -> None:
 
 
 def test_async_and_sync_agree_and_protocol() -> None:
-    judge = create_judge("local", Settings(), tier="checkpoint")
+    judge = create_judge("local", Settings(judge_processes=0), tier="checkpoint")
     assert isinstance(judge, LocalJudge) and isinstance(judge, Judge)
     answer = CONTEXT + " It later expanded to Europe in 2003."
     item = EvalInput(QUESTION, (CONTEXT,), answer, reference=CONTEXT)

@@ -164,8 +164,10 @@ class Settings:
     # tick takes the GIL from request handling (9% fewer requests/s at saturation with 0.05)
     judge_linger_s: float = 0.0
     # worker processes for a CPU-bound judge (`local`, `model`): judging runs on other cores instead of
-    # taking the app's GIL; 0 = in the judge pool's thread. LLM judges wait on the network and stay in-process
-    judge_processes: int = 0
+    # taking the app's GIL; 0 = in the judge pool's thread. "auto": the local judge runs in the pool's thread
+    # until it is measured to take a noticeable share of the app's CPU, then in one worker process (only
+    # where a second core is free). LLM judges wait on the network and stay in-process
+    judge_processes: int | Literal["auto"] = "auto"
     hold_timeout_s: float = 60.0  # longest a judged span is held for its scores before export
     # judge inputs over this many chars (contexts of a stream, a final answer) are not judged: a recorded
     # skip instead of seconds of judge time and memory
@@ -225,8 +227,11 @@ class Settings:
         for metric, v in self.thresholds.items():
             if not 0.0 <= v <= 1.0:
                 raise _invalid("thresholds", f"{metric}={v}", "metric=value pairs with values from 0 to 1")
-        if self.judge_processes < 0:
-            raise _invalid("judge_processes", self.judge_processes, "0 or more")
+        processes = self.judge_processes
+        if isinstance(processes, str) and processes.strip().lower() == "auto":
+            object.__setattr__(self, "judge_processes", "auto")
+        elif isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
+            raise _invalid("judge_processes", processes, "0 or more, or auto")
         for spec in self.terminal_frames:
             kind, sep, value = spec.partition(":")
             if not sep or kind.strip() not in TERMINAL_FRAME_KINDS or not value.strip():
@@ -297,6 +302,15 @@ def _count(var: str, raw: str) -> int:
     if n < 0:
         raise ConfigError(f"{var}={raw!r}: expected 0 or more")
     return n
+
+
+def _processes(var: str, raw: str) -> int | Literal["auto"]:
+    if raw.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _count(var, raw)
+    except ConfigError:
+        raise ConfigError(f"{var}={raw!r}: expected 0 or more, or auto") from None
 
 
 def _csv(raw: str) -> tuple[str, ...]:
@@ -384,7 +398,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "global_budget_per_minute": ("GLOBAL_BUDGET_PER_MINUTE", _int),
     "judge_cpu_share": ("JUDGE_CPU_SHARE", _float),
     "judge_linger_s": ("JUDGE_LINGER", _float),
-    "judge_processes": ("JUDGE_PROCESSES", _count),
+    "judge_processes": ("JUDGE_PROCESSES", _processes),
     "hold_timeout_s": ("HOLD_TIMEOUT", _float),
     "max_judge_input_chars": ("MAX_JUDGE_INPUT_CHARS", _int),
     "max_queue_chars": ("MAX_QUEUE_CHARS", _int),
@@ -613,7 +627,7 @@ def _load(
         values.pop("checkpoint_llm", None)
     values.update(overrides)
     processes = values.get("judge_processes", 0)
-    if isinstance(processes, int) and processes > 0 and "concurrency" not in values:
+    if type(processes) is int and processes > 0 and "concurrency" not in values:
         # two calls in flight per worker: each has its next request queued while it replies
         values["concurrency"] = max(Settings().concurrency, 2 * processes)
     settings = _build(values, raw_of, errors)

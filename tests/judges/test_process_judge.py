@@ -325,7 +325,7 @@ def test_a_worker_stuck_past_the_judge_timeout_is_replaced() -> None:
 
 
 def test_create_judge_wraps_only_cpu_bound_judges_when_asked() -> None:
-    assert isinstance(create_judge("local", Settings()), LocalJudge)
+    assert isinstance(create_judge("local", Settings(judge_processes=0)), LocalJudge)
     other = create_judge(f"{__name__}:RaisingJudge", Settings(judge_processes=1))
     assert isinstance(other, RaisingJudge)  # an I/O-bound judge stays in-process
     wrapped = create_judge("local", Settings(judge_processes=1))
@@ -337,18 +337,21 @@ def test_create_judge_wraps_only_cpu_bound_judges_when_asked() -> None:
 
 def test_settings_name_the_variable_and_raise_the_concurrency_for_processes() -> None:
     var = "STREAMJUDGE_JUDGE_PROCESSES"
-    for bad in ("two", "-1", "1.5"):
+    for bad in ("two", "-1", "1.5", "autoo"):
         with pytest.raises(ConfigError, match=var):
             load_settings({var: bad})
-    assert load_settings({}).judge_processes == 0
+    assert load_settings({}).judge_processes == "auto"
+    assert load_settings({var: " Auto "}).judge_processes == "auto"
+    assert load_settings({var: "0"}).judge_processes == 0
     assert load_settings({}).concurrency == 4
     assert load_settings({var: "1"}).concurrency == 4
     s = load_settings({var: "3"})
     assert (s.judge_processes, s.concurrency) == (3, 6)
     assert load_settings({var: "3", "STREAMJUDGE_CONCURRENCY": "2"}).concurrency == 2
     assert load_settings(judge_processes=4).concurrency == 8
-    with pytest.raises(ConfigError, match="judge_processes"):
-        Settings(judge_processes=-1)
+    for wrong in (-1, "two", True, 1.5):
+        with pytest.raises(ConfigError, match="judge_processes"):
+            Settings(judge_processes=wrong)  # type: ignore[arg-type]
 
 
 def test_a_stream_guarded_with_judge_processes_gets_the_in_process_verdicts(harness: Harness) -> None:

@@ -31,7 +31,9 @@ def create_judge(name: str, settings: Settings, *, tier: Tier = "final") -> Judg
     classmethod, else ``cls()``. With ``settings.judge_processes`` > 0 a CPU-bound judge (``local``,
     ``model``) is returned wrapped in a :class:`~streamjudge.judging.judges._process.ProcessJudge` that runs
     it in that many worker processes (started now, each building the judge); other judges wait on I/O and
-    stay in-process.
+    stay in-process. With ``"auto"`` (the default) the ``local`` judge is returned wrapped in an
+    :class:`~streamjudge.judging.judges._offload.AutoProcessJudge`, which starts one worker only once its
+    CPU in this process is measured to weigh on the app (and only where a second core is usable).
     """
     target = _BUILTIN.get(name, name)
     module_name, sep, attr = target.partition(":")
@@ -46,11 +48,16 @@ def create_judge(name: str, settings: Settings, *, tier: Tier = "final") -> Judg
         hint = f" (install it with: pip install 'streamjudge[{extra}]')" if extra else ""
         raise ConfigError(f"judge {name!r} cannot be imported: {exc}{hint}") from exc
     cls = getattr(module, attr)
-    if settings.judge_processes > 0:
+    processes = settings.judge_processes
+    if processes != "auto" and processes > 0:
         from streamjudge.judging.judges._process import PROCESS_JUDGES, JudgeSpec, ProcessJudge
 
         if name in PROCESS_JUDGES:  # built in the workers only (a model is not loaded here as well)
-            return ProcessJudge(JudgeSpec(name, settings, tier), processes=settings.judge_processes)
+            return ProcessJudge(JudgeSpec(name, settings, tier), processes=processes)
     factory = getattr(cls, "from_settings", None)
     judge: Judge = factory(settings, tier=tier) if factory is not None else cls()
+    if processes == "auto" and name == "local":
+        from streamjudge.judging.judges._offload import auto_judge
+
+        return auto_judge(name, settings, tier, judge)
     return judge

@@ -135,6 +135,7 @@ class _Worker:
     def __init__(self, index: int) -> None:
         self.index = index
         self.proc: subprocess.Popen[bytes] | None = None
+        self.owner = 0  # the pid that started it: only that process may stop it
         self.wfd = -1  # requests ->
         self.rfd = -1  # <- replies
         self.started = 0.0
@@ -422,6 +423,7 @@ class _WorkerGroup:
         os.set_blocking(req_w, False)
         os.set_blocking(rep_r, False)
         w.proc, w.wfd, w.rfd, w.started = proc, req_w, rep_r, time.monotonic()
+        w.owner = os.getpid()
         w.out.clear()
         w.inbuf.clear()
         w.specs_sent.clear()
@@ -504,6 +506,10 @@ class _WorkerGroup:
                 return
             self._stopped = True
         _live.discard(self)
+        if any(w.proc is not None and w.owner != os.getpid() for w in self._workers):
+            # a forked child that drops its judge before this group's after-fork hook ran: the workers
+            # (and the event loop watching their pipes, whose epoll set the child shares) are the parent's
+            self._after_fork()
         procs = []
         for w in self._workers:
             proc = w.proc
@@ -570,6 +576,12 @@ def _stop_all() -> None:
 
 def _worker_main(rfd: int, wfd: int) -> None:
     """A worker: read requests, judge them in order, write the replies. Exits when the parent goes."""
+    # the parent went before it read a reply (it exited, or a forked child dropped us): no error to print
+    with contextlib.suppress(BrokenPipeError):
+        _serve(rfd, wfd)
+
+
+def _serve(rfd: int, wfd: int) -> None:
     # the parent decides when a worker ends (Ctrl-C in a terminal reaches the whole process group)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     reader = os.fdopen(rfd, "rb")

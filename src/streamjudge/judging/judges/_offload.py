@@ -1,0 +1,248 @@
+"""``judge_processes="auto"``: the local judge in the app's process until it weighs on it, then in a worker.
+
+The local judge is pure Python: run in the judge pool's thread it takes the application's GIL for every
+call (about 0.4 ms per checkpoint with fresh contexts), and under heavy traffic that shows as event-loop lag
+and fewer tokens per second. In a worker process (:class:`~streamjudge.judging.judges._process.ProcessJudge`)
+the app's side of a call is a pickle and a pipe write, about a tenth of that. A worker costs a process
+(~30 MB, 0.2 s to start) that a light app does not need, so :class:`AutoProcessJudge` starts one only
+when the in-process judge is measured to need it:
+
+- every in-process call's CPU time (on the pool's thread) is added to one process-wide meter, shared by
+  the checkpoint and final tiers (they share the GIL too);
+- once the judges took :data:`OFFLOAD_SHARE` of a core within one :data:`WINDOW_S` window, each auto
+  judge starts its worker (both tiers share one: same settings, see ``_WorkerGroup.shared``) and keeps
+  judging in-process until a first call came back from the worker (the worker is up and built its judge);
+- from then on calls go to the worker. A call the worker cannot answer (it died, it cannot start) is
+  judged in-process instead, so no verdict is lost; after :data:`_MAX_FAILURES` such calls in a row the
+  worker is given up and judging stays in-process for :data:`_RETRY_S` before the meter may start one again.
+
+Only where a second core is usable (CPU affinity and a cgroup CPU quota both allow it): on one core a
+worker would take the same CPU from the app and add the pipe. The worker judges with the same
+deterministic code, so where a call is judged never changes its scores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from streamjudge._fork import after_fork_in_child
+from streamjudge.config import Settings
+from streamjudge.judging.base import EvalInput, Judge, JudgeError, JudgeResult, TransientJudgeError
+from streamjudge.judging.judges._process import JudgeSpec, ProcessJudge
+
+__all__ = ["OFFLOAD_SHARE", "WINDOW_S", "AutoProcessJudge", "usable_cores"]
+
+_log = logging.getLogger(__name__)
+
+#: share of one core the in-process judges may take within a window before a worker starts: a third of
+#: the pool's default CPU cap (``judge_cpu_share``), so a worker starts before judging has to be throttled
+OFFLOAD_SHARE = 0.05
+#: seconds of the meter's window
+WINDOW_S = 1.0
+# a worker whose first call does not come back this soon is given up (it starts in ~0.2 s)
+_WARM_UP_S = 15.0
+_MAX_FAILURES = 3
+_RETRY_S = 60.0
+# the first call a new worker answers: builds its judge and proves the pipes work
+_WARM_UP_ITEM = EvalInput("", ("The worker is up.",), "The worker is up.", "checkpoint")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity, bounded by a cgroup CPU quota when one is set."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    if quota is not None:
+        cores = min(cores, max(1, int(quota)))
+    return cores
+
+
+def _cgroup_quota() -> float | None:
+    # cgroup v2 ("max 100000" or "150000 100000"), then v1; None when unlimited or unknown
+    try:
+        fields = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if len(fields) == 2 and fields[0] != "max":
+            return int(fields[0]) / int(fields[1])
+        return None
+    except (OSError, ValueError, ZeroDivisionError):
+        pass
+    try:
+        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+class _Meter:
+    """CPU the in-process auto judges took in the current window, process-wide."""
+
+    def __init__(self) -> None:
+        self.reset()
+        after_fork_in_child(self, _Meter.reset)
+
+    def reset(self) -> None:
+        """Start afresh (a new window, no worker wanted); also a forked child's state."""
+        self._lock = threading.Lock()
+        self._since = time.monotonic()
+        self._used = 0.0
+        #: the judges took OFFLOAD_SHARE of a core within a window: every auto judge starts its worker
+        self.wanted = False
+
+    def add(self, cpu_s: float) -> bool:
+        """Count ``cpu_s`` of judging in this process; True once a worker is wanted."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._since > WINDOW_S:
+                self._since, self._used = now, 0.0
+            self._used += cpu_s
+            if self._used >= OFFLOAD_SHARE * WINDOW_S:
+                self.wanted = True
+            return self.wanted
+
+
+_METER = _Meter()
+
+
+class AutoProcessJudge:
+    """A judge in the judge pool's thread that moves to a worker process once its CPU weighs on the app.
+
+    Implements the :class:`~streamjudge.judging.base.Judge` protocol (see the module docstring); results
+    are the wrapped judge's, wherever it ran. ``evaluate`` must be awaited on one event loop at a time (the
+    judge pool's).
+    """
+
+    def __init__(self, inner: Judge, spec: JudgeSpec) -> None:
+        self.name = inner.name
+        self.spec = spec
+        self._inner = inner
+        self._remote: ProcessJudge | None = None
+        self._ready = False  # the worker answered a call: calls go there
+        self._warming: asyncio.Task[None] | None = None
+        self._failures = 0
+        self._not_before = 0.0  # no new worker before this (monotonic), after one was given up
+        self._closed = False
+        after_fork_in_child(self, AutoProcessJudge._after_fork)
+
+    @property
+    def offloaded(self) -> bool:
+        """Whether calls are judged in the worker process now."""
+        return self._ready
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """Process ids of the worker (empty while judging in-process)."""
+        return self._remote.pids if self._remote is not None else ()
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        """Score ``item``: in the worker once it is up, else in this thread (counted on the meter)."""
+        remote = self._remote
+        if self._ready and remote is not None:
+            try:
+                result = await remote.evaluate(item, metrics)
+            except TransientJudgeError:
+                raise
+            except JudgeError as exc:
+                self._remote_failed(remote, exc)
+            else:
+                self._failures = 0
+                return result
+        cpu = time.thread_time()
+        try:
+            return await self._inner.evaluate(item, metrics)
+        finally:
+            if _METER.add(time.thread_time() - cpu) and self._remote is None and not self._closed:
+                self._start_worker()
+
+    def evaluate_sync(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        """The wrapped judge's ``evaluate_sync``, in this thread (offline use; never offloaded)."""
+        sync = getattr(self._inner, "evaluate_sync", None)
+        if sync is None:
+            raise TypeError(f"judge {self.name!r} has no evaluate_sync")
+        return sync(item, metrics)  # type: ignore[no-any-return]
+
+    def _start_worker(self) -> None:
+        if time.monotonic() < self._not_before:
+            return
+        try:
+            self._remote = ProcessJudge(self.spec, processes=1)
+        except Exception as exc:  # cannot even start one: stay in-process for a while
+            _log.warning("streamjudge: cannot start a judge worker (%s); judging in-process", exc)
+            self._not_before = time.monotonic() + _RETRY_S
+            return
+        self._warming = asyncio.get_running_loop().create_task(self._warm_up(self._remote))
+
+    async def _warm_up(self, remote: ProcessJudge) -> None:
+        try:
+            await asyncio.wait_for(remote.evaluate(_WARM_UP_ITEM, ("faithfulness",)), _WARM_UP_S)
+        except (TimeoutError, JudgeError) as exc:
+            self._give_up(remote, f"its first call failed: {exc or type(exc).__name__}")
+            return
+        finally:
+            self._warming = None
+        if self._remote is remote and not self._closed:
+            self._ready = True
+            self._failures = 0
+            _log.info("streamjudge: the %s judge took over %d%% of a core in this process; judging in "
+                      "worker process %s from now on", self.name, round(OFFLOAD_SHARE * 100),
+                      ", ".join(map(str, remote.pids)) or "?")
+
+    def _remote_failed(self, remote: ProcessJudge, exc: JudgeError) -> None:
+        # the worker restarts itself after a death; judge this call here meanwhile
+        self._failures += 1
+        if self._failures >= _MAX_FAILURES:
+            self._give_up(remote, f"{self._failures} calls in a row failed ({exc})")
+
+    def _give_up(self, remote: ProcessJudge, why: str) -> None:
+        if self._remote is not remote:
+            return
+        _log.warning("streamjudge: judge worker given up (%s); judging in-process for %gs", why, _RETRY_S)
+        self._remote = None
+        self._ready = False
+        self._failures = 0
+        self._not_before = time.monotonic() + _RETRY_S
+        _METER.wanted = False  # the next worker only when the load is measured again
+        with contextlib.suppress(RuntimeError):  # no running loop: the finalizer stops it
+            asyncio.get_running_loop().create_task(remote.aclose())
+
+    async def aclose(self) -> None:
+        """Stop the worker (if one started) and close the wrapped judge."""
+        self._closed = True
+        warming, self._warming = self._warming, None
+        if warming is not None:
+            warming.cancel()
+            with contextlib.suppress(BaseException):
+                await warming
+        remote, self._remote = self._remote, None
+        self._ready = False
+        if remote is not None:
+            await remote.aclose()
+        await self._inner.aclose()
+
+    def _after_fork(self) -> None:
+        # the parent's worker is the parent's (its group already dropped our copies of the pipes): a forked
+        # child judges in-process and measures its own load
+        self._remote = None
+        self._ready = False
+        self._warming = None
+        self._failures = 0
+
+    def __repr__(self) -> str:
+        where = "worker" if self._ready else "in-process"
+        return f"AutoProcessJudge({self.name!r}, tier={self.spec.tier!r}, {where})"
+
+
+def auto_judge(name: str, settings: Settings, tier: str, inner: Judge) -> Judge:
+    """``inner`` wrapped for ``judge_processes="auto"`` when offloading it can help, else ``inner``."""
+    if name != "local" or usable_cores() < 2:
+        return inner
+    return AutoProcessJudge(inner, JudgeSpec(name, settings, tier))

@@ -1,0 +1,232 @@
+"""``judge_processes="auto"`` (the default): the local judge stays in the app's process while it is light,
+moves to a real worker process once its CPU is measured to weigh on the app, gives the same scores wherever
+it ran, loses no verdict when the worker dies or cannot start, and leaves no process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from test_process_judge import CONTEXTS, QUESTION, RaisingJudge, children, items
+
+from conftest import Harness
+from streamjudge import guard
+from streamjudge.config import Settings
+from streamjudge.judging.base import METRICS, EvalInput, Judge, JudgeResult
+from streamjudge.judging.judges import _offload, create_judge
+from streamjudge.judging.judges._offload import AutoProcessJudge
+from streamjudge.judging.judges.local import LocalJudge
+
+
+@pytest.fixture
+def two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_offload, "usable_cores", lambda: 2)
+
+
+@pytest.fixture
+def eager(monkeypatch: pytest.MonkeyPatch, two_cores: None) -> None:
+    """Any in-process judging counts as load enough for a worker."""
+    monkeypatch.setattr(_offload, "OFFLOAD_SHARE", 1e-9)
+
+
+def auto(tier: str = "checkpoint") -> AutoProcessJudge:
+    j = create_judge("local", Settings(), tier=tier)  # type: ignore[arg-type]
+    assert isinstance(j, AutoProcessJudge)
+    return j
+
+
+async def until_offloaded(j: AutoProcessJudge, probe: EvalInput, timeout: float = 20.0) -> list[JudgeResult]:
+    """Judge ``probe`` until ``j`` judges in its worker; the results on the way."""
+    out: list[JudgeResult] = []
+    deadline = time.monotonic() + timeout
+    while not j.offloaded:
+        assert time.monotonic() < deadline, "the worker never took over"
+        out.append(await j.evaluate(probe, METRICS))
+        await asyncio.sleep(0.02)
+    return out
+
+
+def test_auto_is_the_default_and_wraps_only_the_local_judge_where_a_second_core_is_usable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings().judge_processes == "auto"
+    monkeypatch.setattr(_offload, "usable_cores", lambda: 2)
+    wrapped = create_judge("local", Settings())
+    assert isinstance(wrapped, AutoProcessJudge) and isinstance(wrapped, Judge) and wrapped.name == "local"
+    assert isinstance(create_judge(f"{RaisingJudge.__module__}:RaisingJudge", Settings()), RaisingJudge)
+    monkeypatch.setattr(_offload, "usable_cores", lambda: 1)  # a worker would take the app's own core
+    assert isinstance(create_judge("local", Settings()), LocalJudge)
+    assert isinstance(create_judge("local", Settings(judge_processes=0)), LocalJudge)
+
+
+def test_usable_cores_is_at_least_one_and_at_most_the_affinity() -> None:
+    assert 1 <= _offload.usable_cores() <= len(os.sched_getaffinity(0))
+
+
+def test_the_meter_wants_a_worker_only_for_a_share_of_a_core_within_one_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    meter = _offload._Meter()
+    budget = _offload.OFFLOAD_SHARE * _offload.WINDOW_S
+    assert not meter.add(budget * 0.6)
+    clock = [time.monotonic() + _offload.WINDOW_S + 0.1]  # a new window: the first 60% is forgotten
+    monkeypatch.setattr(_offload.time, "monotonic", lambda: clock[0])
+    assert not meter.add(budget * 0.6)
+    assert meter.add(budget * 0.5)  # 110% within this window
+    assert meter.wanted
+
+
+def test_light_judging_stays_in_process_and_starts_no_process(two_cores: None) -> None:
+    before = children()
+    its = items()
+
+    async def go() -> list[JudgeResult]:
+        j = auto()
+        try:
+            out = [await j.evaluate(it, METRICS) for it in its[:4]]
+            assert not j.offloaded and j.pids == ()
+            return out
+        finally:
+            await j.aclose()
+
+    assert asyncio.run(go()) == [LocalJudge().evaluate_sync(it, METRICS) for it in its[:4]]
+    assert children() <= before
+
+
+def test_heavy_judging_moves_to_one_worker_for_both_tiers_with_the_same_scores(eager: None) -> None:
+    its = items()
+    expected = [LocalJudge().evaluate_sync(it, METRICS) for it in its]
+    before = children()
+
+    async def go() -> tuple[list[JudgeResult], list[JudgeResult], list[JudgeResult]]:
+        checkpoint, final = auto("checkpoint"), auto("final")
+        try:
+            warming = await until_offloaded(checkpoint, its[0])
+            await until_offloaded(final, its[1])
+            assert checkpoint.pids and checkpoint.pids == final.pids  # one worker serves both tiers
+            assert set(checkpoint.pids) <= children() - before
+            remote = [await checkpoint.evaluate(it, METRICS) for it in its]
+            remote_final = list(await asyncio.gather(*(final.evaluate(it, METRICS) for it in its)))
+            return warming, remote, remote_final
+        finally:
+            await checkpoint.aclose()
+            await final.aclose()
+
+    warming, remote, remote_final = asyncio.run(go())
+    assert warming and all(r == expected[0] for r in warming)  # judged in-process while the worker started
+    assert remote == expected
+    assert remote_final == expected
+    assert children() <= before  # stopped and reaped
+
+
+def test_a_killed_worker_costs_no_verdict(eager: None) -> None:
+    its = items()
+    expected = [LocalJudge().evaluate_sync(it, METRICS) for it in its]
+
+    async def go() -> list[JudgeResult]:
+        j = auto()
+        try:
+            await until_offloaded(j, its[0])
+            (pid,) = j.pids
+            os.kill(pid, signal.SIGKILL)
+            # calls in flight when it died and calls sent to its dead pipe are judged here instead
+            return list(await asyncio.gather(*(j.evaluate(it, METRICS) for it in its)))
+        finally:
+            await j.aclose()
+
+    assert asyncio.run(go()) == expected
+
+
+def test_a_worker_that_cannot_start_is_given_up_and_judging_stays_in_process(
+    eager: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    its = items()
+    expected = [LocalJudge().evaluate_sync(it, METRICS) for it in its]
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # every worker exits at once
+    before = children()
+
+    async def go() -> list[JudgeResult]:
+        j = auto()
+        try:
+            out = [await j.evaluate(its[0], METRICS)]  # starts a worker, judged here meanwhile
+            deadline = time.monotonic() + 10
+            while j.pids or j._warming is not None:
+                assert time.monotonic() < deadline, "the broken worker was never given up"
+                out.append(await j.evaluate(its[0], METRICS))
+                await asyncio.sleep(0.05)
+            assert not j.offloaded
+            out += [await j.evaluate(it, METRICS) for it in its]
+            assert j.pids == () and j._remote is None  # no new worker before the retry delay
+            return out
+        finally:
+            await j.aclose()
+
+    out = asyncio.run(go())
+    assert out[-len(its):] == expected and all(r == expected[0] for r in out[: -len(its)])
+    time.sleep(0.3)
+    assert children() <= before
+
+
+def test_a_forked_child_judges_in_process_on_its_own(eager: None) -> None:
+    it = EvalInput(QUESTION, CONTEXTS, "The Eiffel Tower was completed in 1889.")
+    expected = LocalJudge().evaluate_sync(it, METRICS)
+
+    async def offload(j: AutoProcessJudge) -> None:
+        await until_offloaded(j, it)
+
+    j = auto()
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(offload(j))
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's worker is not its own
+            code = 1
+            try:
+                signal.alarm(20)
+                ok = not j.offloaded and j.pids == () and not _offload._METER.wanted
+                result = asyncio.run(j.evaluate(it, METRICS))
+                code = 0 if ok and result == expected else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert j.offloaded  # the parent's worker still serves the parent
+        assert loop.run_until_complete(j.evaluate(it, METRICS)) == expected
+    finally:
+        loop.run_until_complete(j.aclose())
+        loop.close()
+
+
+def test_a_guarded_stream_gets_the_same_warnings_once_judging_moved_to_a_worker(
+    harness: Harness, eager: None
+) -> None:
+    answer = ("The Eiffel Tower was completed in 1889 for the World's Fair. It is 330 metres tall. "
+              "It was designed by Leonardo da Vinci in 1920. Gustave Eiffel's company built it.")
+
+    async def words() -> AsyncIterator[str]:
+        for w in answer.split(" "):
+            yield w + " "
+
+    async def warnings() -> list[tuple[int, int]]:
+        out = []
+        async for ev in guard(words(), question=QUESTION, contexts=CONTEXTS):
+            if ev.type == "warning":
+                out.append((ev.data["char_start"], ev.data["char_end"]))
+        return out
+
+    harness.configure(judge_processes=0, preflight=False)
+    expected = asyncio.run(warnings())
+    assert expected  # the da Vinci sentence
+    rt = harness.configure(preflight=False)
+    seen = []
+    deadline = time.monotonic() + 30
+    while not any(getattr(j, "offloaded", False) for j in rt._judges.values()):
+        assert time.monotonic() < deadline, "judging never moved to a worker"
+        seen.append(asyncio.run(warnings()))
+    seen += [asyncio.run(warnings()) for _ in range(3)]  # judged in the worker
+    assert all(w == expected for w in seen)
