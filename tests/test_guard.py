@@ -229,6 +229,51 @@ def test_preflight_skip_checks_policy_skips_incremental_checks(harness: Harness)
     assert stream.attributes[semconv.EVAL_STATUS] == "judged"  # the final pass still runs
 
 
+def test_a_weak_context_warning_comes_before_the_first_token_of_a_model_still_thinking(
+    harness: Harness,
+) -> None:
+    harness.configure(SyncKeywordJudge(), preflight_action="warn")
+
+    async def thinking() -> AsyncIterator[str]:
+        await asyncio.sleep(0.3)  # the model's time to first token
+        for w in GOOD.split(" "):
+            yield w + " "
+
+    events = run(guard(thinking(), question="unrelated", contexts=CONTEXTS))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "warning" and events[0].data["stage"] == "preflight"
+    assert kinds.count("token") == len(GOOD.split(" "))
+
+
+def test_a_source_with_its_tokens_at_hand_sends_the_gate_after_them_and_still_records_it(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = harness.configure(SyncKeywordJudge(), preflight_action="warn")
+    order: list[str] = []
+    submit = rt.service.submit
+
+    def recording(request: Any) -> Any:
+        order.append(request.item.kind)
+        return submit(request)
+
+    monkeypatch.setattr(rt.service, "submit", recording)
+
+    async def at_hand() -> AsyncIterator[str]:
+        for w in GOOD.split(" "):
+            order.append("token")
+            yield w + " "
+
+    events = run(guard(at_hand(), question="unrelated", contexts=CONTEXTS))
+    # the pool's thread judges nothing while the loop streams tokens it never waits for
+    assert order.index("preflight") > max(i for i, k in enumerate(order) if k == "token")
+    # the end-of-stream wait still waits for the gate: its warning comes before `done`, its label is on the span
+    kinds = [e.type for e in events]
+    assert "warning" in kinds and kinds[-1] == "done"
+    assert any(e.type == "warning" and e.data["stage"] == "preflight" for e in events)
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.PREFLIGHT_LABEL] == "fail"
+
+
 def test_sync_iterator(harness: Harness) -> None:
     harness.configure(SyncKeywordJudge())
 

@@ -95,6 +95,14 @@ _RACE_GAP_S = 0.0015
 _GAP_SAMPLE = 8
 
 
+def _unless_done(fut: asyncio.Future[Any], work: Callable[[], None],
+                 later: Callable[[Callable[[], None]], None]) -> None:
+    if fut.done():
+        later(work)
+    else:
+        work()
+
+
 class GuardedStream:
     """What :func:`guard` returns: iterate it (``async for`` or ``for``) to get :class:`StreamEvent`s."""
 
@@ -142,6 +150,11 @@ class GuardedStream:
                         yield ev
             if s.preflight_pending and not s.stopped:
                 nxt = asyncio.ensure_future(anext(source))
+                if deferred:
+                    # the pre-flight request, after the source task's first step: out at once while the
+                    # model works on its first token, else kept for when the loop next waits (a source
+                    # that already has its tokens would have the pool's thread judge under its feet)
+                    call_soon(_unless_done, nxt, deferred.pop(), deferred.append)
                 deadline = loop.time() + s.settings.preflight_wait_s
                 # the first token waits only when the gate's policy may stop the answer before it
                 while (s.preflight_pending and (s.preflight_blocks or not nxt.done())
@@ -354,7 +367,8 @@ async def settle(
                     yield ev
             if session.regen_request is not None:
                 break  # the driver regenerates first; the new text gets its own wait
-            if not session.outstanding or loop.time() >= deadline:
+            # the pre-flight verdict too: a fast source can end before it came, and it belongs on the span
+            if not (session.outstanding or session.preflight_pending) or loop.time() >= deadline:
                 break
             await waker.wait(None, deadline - loop.time())
         if session.has_events:

@@ -135,6 +135,7 @@ class GuardSession:
         # set by an event-loop driver: schedules a callback for after the current token went out
         self._defer: Callable[[Callable[[], None]], object] | None = None
         self._to_send: list[tuple[Window, int, int, bool]] = []
+        self._preflight_due: JudgeRequest | None = None  # made, not sent yet (see _preflight)
         # verdicts from the pool's thread
         self._inbox: deque[Verdict] = deque()
         self._notify: Callable[[], None] | None = None
@@ -275,7 +276,17 @@ class GuardSession:
             self._record_skip("preflight", "contexts_unknown")
             return
         self.preflight_pending = True
-        self._backend.service.submit(self._request("preflight", ""))
+        request = self._request("preflight", "")
+        if self._defer is None or self.preflight_blocks:
+            self._backend.service.submit(request)
+            return
+        # sent once the driver waits for the first token (as checkpoint requests are, see _close_checkpoint):
+        # submitted here, the pool's thread would wake and judge it (index the contexts) under the GIL while
+        # the loop is still busy starting the stream; a source that is slow to its first token (any model)
+        # lets it go out at once, before that token
+        if not self._to_send and self._preflight_due is None:
+            self._defer(self._send_deferred)
+        self._preflight_due = request
 
     @property
     def preflight_blocks(self) -> bool:
@@ -487,6 +498,9 @@ class GuardSession:
             del self._checkpoints[index]
 
     def _send_deferred(self) -> None:
+        if self._preflight_due is not None:
+            request, self._preflight_due = self._preflight_due, None
+            self._backend.service.submit(request)
         to_send, self._to_send = self._to_send, []
         now = time.time_ns()
         for window, index, started, final in to_send:
