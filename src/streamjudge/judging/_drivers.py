@@ -155,6 +155,9 @@ class GuardedStream:
                     # model works on its first token, else kept for when the loop next waits (a source
                     # that already has its tokens would have the pool's thread judge under its feet)
                     call_soon(_unless_done, nxt, deferred.pop(), deferred.append)
+                # one loop pass runs the source task's first step: a source with its first token at hand
+                # is done then, and needs no future, timer and callbacks to race the gate's verdict
+                await asyncio.sleep(0)
                 deadline = loop.time() + s.settings.preflight_wait_s
                 # the first token waits only when the gate's policy may stop the answer before it
                 while (s.preflight_pending and (s.preflight_blocks or not nxt.done())
