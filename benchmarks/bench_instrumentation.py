@@ -128,9 +128,22 @@ async def _one(client: httpx.AsyncClient, url: str, q: str) -> int:
 
 
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of process ``pid`` and of its children so far: a judge worker process
+    (``judge_processes``) does the server's judging, so its CPU is the server's too."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # a child that exited meanwhile: its parent's cutime has it once reaped
+        return 0.0
+    # utime, stime, and cutime, cstime of the children it reaped
+    ticks = sum(int(fields[k]) for k in (11, 12, 13, 14))
+    cpu = ticks / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids = task.read_text().split()
+        except OSError:
+            continue
+        cpu += sum(_cpu_s(int(k)) for k in kids)
+    return cpu
 
 
 async def _load(port: int, seconds: float, concurrency: int, pid: int) -> dict[str, float]:
