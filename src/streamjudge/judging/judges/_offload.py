@@ -131,6 +131,7 @@ class AutoProcessJudge:
         self._failures = 0
         self._not_before = 0.0  # no new worker before this (monotonic), after one was given up
         self._closed = False
+        self._closing: set[asyncio.Task[None]] = set()
         after_fork_in_child(self, AutoProcessJudge._after_fork)
 
     @property
@@ -212,7 +213,10 @@ class AutoProcessJudge:
         self._not_before = time.monotonic() + _RETRY_S
         _METER.wanted = False  # the next worker only when the load is measured again
         with contextlib.suppress(RuntimeError):  # no running loop: the finalizer stops it
-            asyncio.get_running_loop().create_task(remote.aclose())
+            task = asyncio.get_running_loop().create_task(remote.aclose())
+            # the loop holds tasks weakly: keep this one until it ran
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     async def aclose(self) -> None:
         """Stop the worker (if one started) and close the wrapped judge."""
