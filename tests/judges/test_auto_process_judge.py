@@ -124,6 +124,42 @@ def test_heavy_judging_moves_to_one_worker_for_both_tiers_with_the_same_scores(e
     assert children() <= before  # stopped and reaped
 
 
+def test_an_idle_worker_stops_and_the_next_burst_starts_another(
+    eager: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_offload, "IDLE_S", 0.3)
+    it = items()[0]
+    expected = LocalJudge().evaluate_sync(it, METRICS)
+    before = children()
+
+    async def go() -> tuple[int, int, list[JudgeResult]]:
+        j = auto()
+        try:
+            await until_offloaded(j, it)
+            (first,) = j.pids
+            busy = []
+            for _ in range(4):  # calls keep it alive past one idle period
+                busy.append(await j.evaluate(it, METRICS))
+                await asyncio.sleep(0.1)
+            assert j.offloaded and j.pids == (first,)
+            deadline = time.monotonic() + 5
+            while j.pids:  # nothing to judge: it stops
+                assert time.monotonic() < deadline, "the idle worker never stopped"
+                await asyncio.sleep(0.05)
+            assert not j.offloaded
+            busy.append(await j.evaluate(it, METRICS))  # in-process again, and counted on the meter
+            await until_offloaded(j, it)
+            (second,) = j.pids
+            return first, second, busy
+        finally:
+            await j.aclose()
+
+    first, second, results = asyncio.run(go())
+    assert first != second and all(r == expected for r in results)
+    time.sleep(0.3)
+    assert children() <= before
+
+
 def test_a_killed_worker_costs_no_verdict(eager: None) -> None:
     its = items()
     expected = [LocalJudge().evaluate_sync(it, METRICS) for it in its]

@@ -14,7 +14,9 @@ when the in-process judge is measured to need it:
   judging in-process until a first call came back from the worker (the worker is up and built its judge);
 - from then on calls go to the worker. A call the worker cannot answer (it died, it cannot start) is
   judged in-process instead, so no verdict is lost; after :data:`_MAX_FAILURES` such calls in a row the
-  worker is given up and judging stays in-process for :data:`_RETRY_S` before the meter may start one again.
+  worker is given up and judging stays in-process for :data:`_RETRY_S` before the meter may start one again;
+- a worker that judged nothing for :data:`IDLE_S` is stopped (a burst does not keep a process for good):
+  judging is back in-process, and the meter starts a worker again when the load comes back.
 
 Only where a second core is usable (CPU affinity and a cgroup CPU quota both allow it): on one core a
 worker would take the same CPU from the app and add the pipe. The worker judges with the same
@@ -46,6 +48,8 @@ _log = logging.getLogger(__name__)
 OFFLOAD_SHARE = 0.05
 #: seconds of the meter's window
 WINDOW_S = 1.0
+#: a worker that judged nothing for this many seconds is stopped
+IDLE_S = 600.0
 # a worker whose first call does not come back this soon is given up (it starts in ~0.2 s)
 _WARM_UP_S = 15.0
 _MAX_FAILURES = 3
@@ -132,6 +136,8 @@ class AutoProcessJudge:
         self._not_before = 0.0  # no new worker before this (monotonic), after one was given up
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
+        self._last_call = 0.0  # monotonic time of the last call sent to the worker
+        self._idle_timer: asyncio.TimerHandle | None = None
         after_fork_in_child(self, AutoProcessJudge._after_fork)
 
     @property
@@ -148,6 +154,7 @@ class AutoProcessJudge:
         """Score ``item``: in the worker once it is up, else in this thread (counted on the meter)."""
         remote = self._remote
         if self._ready and remote is not None:
+            self._last_call = time.monotonic()
             try:
                 result = await remote.evaluate(item, metrics)
             except TransientJudgeError:
@@ -193,6 +200,8 @@ class AutoProcessJudge:
         if self._remote is remote and not self._closed:
             self._ready = True
             self._failures = 0
+            self._last_call = time.monotonic()
+            self._idle_timer = asyncio.get_running_loop().call_later(IDLE_S, self._check_idle, remote)
             _log.info("streamjudge: the %s judge took over %d%% of a core in this process; judging in "
                       "worker process %s from now on", self.name, round(OFFLOAD_SHARE * 100),
                       ", ".join(map(str, remote.pids)) or "?")
@@ -207,10 +216,30 @@ class AutoProcessJudge:
         if self._remote is not remote:
             return
         _log.warning("streamjudge: judge worker given up (%s); judging in-process for %gs", why, _RETRY_S)
+        self._not_before = time.monotonic() + _RETRY_S
+        self._drop(remote)
+
+    def _check_idle(self, remote: ProcessJudge) -> None:
+        self._idle_timer = None
+        if self._remote is not remote or self._closed:
+            return
+        idle = time.monotonic() - self._last_call
+        if idle < IDLE_S or remote.in_flight:  # look again when it would be idle long enough
+            wait = IDLE_S - idle if idle < IDLE_S else IDLE_S
+            self._idle_timer = asyncio.get_running_loop().call_later(wait, self._check_idle, remote)
+            return
+        _log.info("streamjudge: the %s judge's worker judged nothing for %gs; it stops, judging is back "
+                  "in-process until the load is measured again", self.name, IDLE_S)
+        self._drop(remote)
+
+    def _drop(self, remote: ProcessJudge) -> None:
+        """Judge in-process from now on and let ``remote`` go."""
         self._remote = None
         self._ready = False
         self._failures = 0
-        self._not_before = time.monotonic() + _RETRY_S
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         _METER.wanted = False  # the next worker only when the load is measured again
         with contextlib.suppress(RuntimeError):  # no running loop: the finalizer stops it
             task = asyncio.get_running_loop().create_task(remote.aclose())
@@ -221,6 +250,9 @@ class AutoProcessJudge:
     async def aclose(self) -> None:
         """Stop the worker (if one started) and close the wrapped judge."""
         self._closed = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         warming, self._warming = self._warming, None
         if warming is not None:
             warming.cancel()
@@ -238,6 +270,7 @@ class AutoProcessJudge:
         self._remote = None
         self._ready = False
         self._warming = None
+        self._idle_timer = None  # the parent's loop's
         self._failures = 0
 
     def __repr__(self) -> str:
