@@ -178,6 +178,35 @@ def test_a_killed_worker_costs_no_verdict(eager: None) -> None:
     assert asyncio.run(go()) == expected
 
 
+def test_a_stopped_worker_holds_no_verdict_back_and_is_given_up(eager: None) -> None:
+    its = items()[:8]
+    expected = [LocalJudge().evaluate_sync(it, METRICS) for it in its]
+    before = children()
+
+    async def go() -> tuple[list[JudgeResult], float]:
+        j = auto()
+        try:
+            await until_offloaded(j, its[0])
+            (pid,) = j.pids
+            os.kill(pid, signal.SIGSTOP)  # alive, never answering (a stuck or CPU-starved worker)
+            t0 = time.monotonic()
+            async with asyncio.timeout(20):  # without the bound: the calls wait for the worker forever
+                out = list(await asyncio.gather(*(j.evaluate(it, METRICS) for it in its)))
+            took = time.monotonic() - t0
+            assert not j.offloaded and j.pids == ()  # given up after the calls it left unanswered
+            out += [await j.evaluate(it, METRICS) for it in its]  # in-process, at once
+            return out, took
+        finally:
+            await j.aclose()
+
+    out, took = asyncio.run(go())
+    assert out == expected * 2
+    # each call falls back after ~0.5 s instead of the 30 s judge timeout
+    assert took < _offload._SLOW_S * 4 + 2.0, took
+    time.sleep(0.3)
+    assert children() <= before  # the stopped worker was killed and reaped
+
+
 def test_a_worker_that_cannot_start_is_given_up_and_judging_stays_in_process(
     eager: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -53,9 +54,17 @@ IDLE_S = 600.0
 # a worker whose first call does not come back this soon is given up (it starts in ~0.2 s)
 _WARM_UP_S = 15.0
 _MAX_FAILURES = 3
+# a call the worker has not answered in this long (plus a share per input char: the judge is linear in its
+# input, ~0.5 us per char) is judged in-process instead and counts as a failure
+_SLOW_S = 0.5
+_SLOW_S_PER_CHAR = 2e-6
 _RETRY_S = 60.0
 # the first call a new worker answers: builds its judge and proves the pipes work
 _WARM_UP_ITEM = EvalInput("", ("The worker is up.",), "The worker is up.", "checkpoint")
+
+
+def _size(item: EvalInput) -> int:
+    return len(item.answer) + len(item.prefix) + sum(len(c) for c in item.contexts)
 
 
 def usable_cores() -> int:
@@ -156,11 +165,15 @@ class AutoProcessJudge:
         if self._ready and remote is not None:
             self._last_call = time.monotonic()
             try:
-                result = await remote.evaluate(item, metrics)
+                # a worker that is slow to answer (stopped, starved of CPU) must not hold verdicts back
+                # for the judge timeout: past a bound the call is judged here instead
+                async with asyncio.timeout(_SLOW_S + _SLOW_S_PER_CHAR * _size(item)):
+                    result = await remote.evaluate(item, metrics)
             except TransientJudgeError:
                 raise
-            except JudgeError as exc:
-                self._remote_failed(remote, exc)
+            except (JudgeError, TimeoutError) as exc:
+                self._remote_failed(remote, exc if isinstance(exc, JudgeError) else JudgeError(
+                    "no answer within its bound"))
             else:
                 self._failures = 0
                 return result
@@ -217,6 +230,10 @@ class AutoProcessJudge:
             return
         _log.warning("streamjudge: judge worker given up (%s); judging in-process for %gs", why, _RETRY_S)
         self._not_before = time.monotonic() + _RETRY_S
+        # killed first: a stopped or stuck worker would make the polite stop wait on the pool's thread
+        for pid in remote.pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         self._drop(remote)
 
     def _check_idle(self, remote: ProcessJudge) -> None:
