@@ -273,8 +273,8 @@ class AutoProcessJudge:
         warming, self._warming = self._warming, None
         if warming is not None:
             warming.cancel()
-            with contextlib.suppress(BaseException):
-                await warming
+            # its outcome is moot now; a cancellation of this aclose itself still propagates
+            await asyncio.gather(warming, return_exceptions=True)
         remote, self._remote = self._remote, None
         self._ready = False
         if remote is not None:
