@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -99,6 +101,23 @@ def test_a_cancelled_call_s_late_reply_goes_to_nobody() -> None:
             await j.aclose()
 
     assert asyncio.run(go()) == LocalJudge().evaluate_sync(bad, METRICS)
+
+
+def test_a_worker_whose_parent_went_before_its_first_reply_exits_quietly() -> None:
+    # a forked child that starts a worker and exits at once leaves the worker writing its hello to a pipe
+    # nobody reads: that is no error of the worker's (it printed a BrokenPipeError traceback before)
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    os.close(rep_r)  # the parent is gone: its reply pipe has no reader
+    boot = ("import sys; from streamjudge.judging.judges._process import _worker_main; "
+            "_worker_main(int(sys.argv[1]), int(sys.argv[2]))")
+    try:
+        proc = subprocess.run([sys.executable, "-c", boot, str(req_r), str(rep_w)], pass_fds=(req_r, rep_w),
+                              capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        for fd in (req_r, req_w, rep_w):
+            os.close(fd)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_a_killed_worker_fails_its_call_then_a_new_worker_judges() -> None:

@@ -1,9 +1,10 @@
 """``judge_processes="auto"``: the local judge in the app's process until it weighs on it, then in a worker.
 
 The local judge is pure Python: run in the judge pool's thread it takes the application's GIL for every
-call (about 0.4 ms per checkpoint with fresh contexts), and under heavy traffic that shows as event-loop lag
-and fewer tokens per second. In a worker process (:class:`~streamjudge.judging.judges._process.ProcessJudge`)
-the app's side of a call is a pickle and a pipe write, about a tenth of that. A worker costs a process
+call (0.4-0.7 ms of the pool thread's CPU per checkpoint with fresh contexts, measured), and under heavy
+traffic that shows as event-loop lag and fewer tokens per second. In a worker process
+(:class:`~streamjudge.judging.judges._process.ProcessJudge`) the app's side of a call is a pickle, a pipe
+write and the reply (0.09-0.16 ms of the pool thread's CPU per call, measured). A worker costs a process
 (~30 MB, 0.2 s to start) that a light app does not need, so :class:`AutoProcessJudge` starts one only
 when the in-process judge is measured to need it:
 
