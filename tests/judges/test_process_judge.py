@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from streamjudge import StreamEvent, guard, semconv
 from streamjudge.config import ConfigError, Settings, load_settings
 from streamjudge.judging.base import METRICS, EvalInput, JudgeError, JudgeResult, TransientJudgeError
 from streamjudge.judging.judges import create_judge
-from streamjudge.judging.judges._process import JudgeSpec, ProcessJudge
+from streamjudge.judging.judges._process import JudgeSpec, ProcessJudge, _stop_all
 from streamjudge.judging.judges.local import LocalJudge
 from streamjudge.judging.pool import JobOutcome, JudgeJob, JudgePool
 
@@ -407,3 +408,24 @@ def test_a_stream_guarded_with_judge_processes_gets_the_in_process_verdicts(harn
     assert pids
     rt.shutdown()  # the pool closes its judges: the workers go
     assert not set(pids) & children()
+
+
+def test_workers_stopped_at_exit_are_not_reported_dead_or_restarted(caplog: pytest.LogCaptureFixture) -> None:
+    # at interpreter exit the atexit hook stops the workers from the main thread while the judge pool's
+    # loop still watches their pipes on its own thread: the EOF it then reads is the goodbye, not a death
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    j = judge()
+    try:
+        asyncio.run_coroutine_threadsafe(j.evaluate(items()[0], ("faithfulness",)), loop).result(30)
+        (pid,) = j.pids
+        with caplog.at_level("WARNING", logger="streamjudge"):
+            _stop_all()  # what atexit runs
+            time.sleep(0.5)  # the loop thread reads the worker's EOF meanwhile
+        assert not [r for r in caplog.records if "died" in r.getMessage()]
+        assert pid not in children() and not j.pids  # reaped, and no new worker started
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()

@@ -454,6 +454,13 @@ class _WorkerGroup:
         proc = w.proc
         if proc is None:
             return
+        if self._stopped:
+            # stop() closed its request pipe (at exit, from another thread than the loop watching the
+            # reply pipe): the worker exiting is the goodbye, not a death
+            _reap(proc, kill=True)
+            self._close_pipes(w)
+            self._fail(w, JudgeError("process judge is closed"))
+            return
         code = _reap(proc, kill=True)
         how = f"exit code {code}"
         if code is not None and code < 0:
