@@ -26,8 +26,9 @@ share, in-process (``in_process``, the baseline), with ``auto`` and in worker pr
 checkpoints/s and the pool thread's CPU per call.
 
 Printed per N: tokens/s ratio and ITL p99 ratio against bare, checkpoints judged / superseded (merged into a
-newer request, which judges their sentences too) / dropped or not judged, judge checkpoints per second, and
-the spread (min-max) over repeats.
+newer request, which judges their sentences too) / dropped or not judged, judge checkpoints per second, the
+cyclic GC's pauses during the run (all generations, and in brackets the whole-heap ones: a pause stops
+every stream, so it shows in the ratio as it is), and the spread (min-max) over repeats.
 """
 
 from __future__ import annotations
@@ -102,8 +103,23 @@ async def main():
     await asyncio.gather(*(one(i) for i in range(n)))
     return time.perf_counter() - t0
 
+# the cyclic GC's pauses stop every stream at once: timed here (bare included) to tell them from
+# per-token cost; the objects a stream keeps alive bring collections, and one of the whole heap (gen 2)
+# is tens of ms
+import gc
+gc_ms, gc_t0 = [0.0, 0.0, 0.0], [0.0]
+
+def gc_timer(phase, info):
+    if phase == "start":
+        gc_t0[0] = time.perf_counter()
+    else:
+        gc_ms[info["generation"]] += (time.perf_counter() - gc_t0[0]) * 1000
+
+gc.callbacks.append(gc_timer)
 elapsed = asyncio.run(main())
-out = {"tokens_per_s": tokens / elapsed, "itl_p99_ms": pct(gaps, 99) * 1000, "elapsed_s": elapsed}
+gc.callbacks.remove(gc_timer)
+out = {"tokens_per_s": tokens / elapsed, "itl_p99_ms": pct(gaps, 99) * 1000, "elapsed_s": elapsed,
+       "gc_pause_ms": sum(gc_ms), "gc_full_pause_ms": gc_ms[2]}
 if variant != "bare":
     rt.force_flush(30_000)
     out["judged"] = statuses.get("judged", 0)
@@ -243,6 +259,11 @@ def _spread(values: list[float], digits: int = 3) -> str:
     return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
 
 
+def _gc(rs: list[dict[str, Any]]) -> str:
+    return (f"{_spread([r['gc_pause_ms'] for r in rs], 1)} "
+            f"({_spread([r['gc_full_pause_ms'] for r in rs], 1)})")
+
+
 def summarize_capacity(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
     base = runs["in_process"]
     out: dict[str, str] = {}
@@ -261,6 +282,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
     out: dict[str, str] = {
         "bare tokens/s": _spread([r["tokens_per_s"] for r in bare], 0),
         "bare ITL p99 ms": _spread([r["itl_p99_ms"] for r in bare], 2),
+        "bare GC pauses ms (whole heap)": _gc(bare),
     }
     for variant in runs:
         if variant == "bare":
@@ -270,6 +292,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
             [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(rs, bare, strict=True)])
         out[f"{variant}: ITL p99 ratio vs bare"] = _spread(
             [r["itl_p99_ms"] / b["itl_p99_ms"] for r, b in zip(rs, bare, strict=True)])
+        # what the GC's pauses took from the run against bare's: a stall delays every stream's next token
+        out[f"{variant}: GC pauses ms (whole heap)"] = _gc(rs)
         for key in ("judged", "superseded", "not_judged", "checkpoints_per_s", "offloaded"):
             if key in rs[0]:
                 out[f"{variant}: {key}"] = _spread([float(r[key]) for r in rs], 1)

@@ -372,6 +372,30 @@ def test_final_reconciliation_result_is_available(harness: Harness) -> None:
     assert f is not None and f.value == 0.0 and f.label == "fail"
 
 
+def test_the_final_result_reaches_a_future_asked_for_before_or_after_it_came(harness: Harness) -> None:
+    # the future is made on demand: asked for before the stream ran it is resolved by the verdict, asked
+    # for after it is made resolved; a stream whose final pass is skipped resolves it with None either way
+    harness.configure(SyncKeywordJudge())
+    early = guard(words(BAD), question="sky", contexts=CONTEXTS)
+    fut = early.final
+    assert not fut.done()
+    run(early)
+    late = guard(words(BAD), question="sky", contexts=CONTEXTS)
+    run(late)
+    harness.spans()  # every verdict in
+    for g in (early, late):
+        final = g.final.result(timeout=5)
+        assert final is not None and final.get("faithfulness").value == 0.0  # type: ignore[union-attr]
+    assert early.final is fut and late.final is late.final
+    harness.configure(SyncKeywordJudge(), final_reconcile=False)
+    for ask_first in (True, False):
+        g = guard(words(BAD), question="sky", contexts=CONTEXTS)
+        if ask_first:
+            g.final  # noqa: B018 - asking makes the future
+        run(g)
+        assert g.final.result(timeout=5) is None
+
+
 def test_contexts_registered_for_the_trace_are_used(harness: Harness) -> None:
     rt = harness.configure(SyncKeywordJudge())
     from opentelemetry import trace

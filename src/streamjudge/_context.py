@@ -11,7 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from streamjudge._fork import after_fork_in_child
 
@@ -24,6 +24,9 @@ class TraceInputs:
     contexts: tuple[str, ...] | None = None
     reference: str | None = None
     session_id: str | None = None
+
+
+_EMPTY = TraceInputs()
 
 
 class ContextStore:
@@ -62,10 +65,10 @@ class ContextStore:
         """
         now = time.monotonic()
         with self._lock:
-            old = self._data.pop(trace_id, (now, TraceInputs()))[1]
+            old = self._data.pop(trace_id, (now, _EMPTY))[1]
             self._chars -= _chars(old)
-            new = replace(
-                old,
+            # constructed, not dataclasses.replace() (which walks the fields first): once per stream
+            new = TraceInputs(
                 question=question if question is not None else old.question,
                 contexts=tuple(contexts) if contexts is not None else old.contexts,
                 reference=reference if reference is not None else old.reference,

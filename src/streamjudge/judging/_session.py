@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
@@ -41,6 +43,17 @@ if TYPE_CHECKING:
     from streamjudge.config import Settings
 
 _log = logging.getLogger(__name__)
+# guards the lazily made final futures of all sessions (taken once per stream, uncontended)
+_FINAL_LOCK = threading.Lock()
+
+
+def _new_final_lock() -> None:
+    # a fork while the pool's thread held it would leave it held forever in the child
+    global _FINAL_LOCK
+    _FINAL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_final_lock)
 
 
 class StreamEvent(NamedTuple):
@@ -144,7 +157,11 @@ class GuardSession:
         self.stopped = False
         self.preflight_pending = False
         self.regen_request: RegenerateRequest | None = None
-        self.final: concurrent.futures.Future[JudgeResult | None] = concurrent.futures.Future()
+        # the final result's future is made when someone asks for it (most streams: nobody does; a
+        # Future is a condition, a lock and two lists per stream, and the GC tracks each of them)
+        self._final: concurrent.futures.Future[JudgeResult | None] | None = None
+        self._final_set = False
+        self._final_value: JudgeResult | None = None
         self._span: trace.Span | None = None
         self._span_id = 0
         self._trace_id = 0
@@ -154,15 +171,38 @@ class GuardSession:
         self._start_ns = start_time_ns or 0
         self._finished = False
 
+    @property
+    def final(self) -> concurrent.futures.Future[JudgeResult | None]:
+        """Resolves with the final reconciliation result (None when it was skipped or failed)."""
+        fut = self._final
+        if fut is None:
+            with _FINAL_LOCK:
+                fut = self._final
+                if fut is None:
+                    fut = self._final = concurrent.futures.Future()
+                    if self._final_set:
+                        fut.set_result(self._final_value)
+        return fut
+
+    def _set_final(self, value: JudgeResult | None) -> None:
+        """The final result, once (later calls are ignored); from any thread."""
+        with _FINAL_LOCK:
+            if self._final_set:
+                return
+            self._final_set = True
+            self._final_value = value
+            fut = self._final
+        if fut is not None:  # asked for before: resolve it (else the property makes it resolved)
+            fut.set_result(value)
+
     # --- the inbox (judge pool's thread) -----------------------------------------------------------
 
     def post(self, verdict: Verdict) -> None:
         """Deliver a verdict; called on the judge pool's thread."""
         if verdict.kind == "answer":
-            if not self.final.done():
-                r = verdict.outcome.result
-                ok = r is not None and verdict.status == "judged"
-                self.final.set_result(JudgeResult(r.judge, verdict.scores, r.usage) if ok and r else None)
+            r = verdict.outcome.result
+            ok = r is not None and verdict.status == "judged"
+            self._set_final(JudgeResult(r.judge, verdict.scores, r.usage) if ok and r else None)
             return
         self._inbox.append(verdict)
         self.has_events = True
@@ -398,16 +438,14 @@ class GuardSession:
         if skip is None and self.settings.final_pass == "deferred":
             defer_final(span, text, self.question, self.contexts, self.reference,
                         capture=self.settings.capture_content, limit=self.settings.max_judge_input_chars)
-            if not self.final.done():
-                self.final.set_result(None)
+            self._set_final(None)
         elif skip is None:
             service.submit(self._request("answer", text, target=span, target_name=self._name))
         else:
             if self._judging:
                 span.set_attribute(semconv.EVAL_STATUS, "skipped")
                 span.set_attribute(semconv.EVAL_SKIP_REASON, skip)
-            if not self.final.done():
-                self.final.set_result(None)
+            self._set_final(None)
         span.end()
         self._emit(StreamEvent("done", data=summary))
         return self._take()
