@@ -141,6 +141,8 @@ def serve(script: str, llm_server: ScriptedLLMServer, receiver: OTLPReceiver | N
     finally:
         out = stop(proc)
         assert "Traceback" not in out, out
+        # zero-code start-up is quiet: an instrumentor loaded twice says so on every start
+        assert "already instrumented" not in out, out
 
 
 def stop(proc: subprocess.Popen[str]) -> str:
@@ -163,6 +165,7 @@ def run_script(script: str, llm_server: ScriptedLLMServer, receiver: OTLPReceive
     done = subprocess.run(cmd, env=app_env(llm_server, receiver, 0, **settings), cwd=HERE,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "already instrumented" not in done.stderr, done.stderr
     return done.stdout
 
 

@@ -37,8 +37,13 @@ class StreamJudgeDistro(BaseDistro):  # type: ignore[misc]
         """Instrument one library; ASGI frameworks get ``exclude_spans=["send", "receive"]``."""
         if entry_point.name in _ASGI_INSTRUMENTATIONS:
             kwargs.setdefault("exclude_spans", ["send", "receive"])
-        instrumentor = entry_point.load()
-        instrumentor().instrument(**kwargs)
+        instrumentor = entry_point.load()()
+        if getattr(instrumentor, "is_instrumented_by_opentelemetry", False):
+            # instrumentors are singletons: one streamjudge's own instrumentor set up already (OpenInference's
+            # LangChain instrumentor, with our settings) would only log "Attempting to instrument while
+            # already instrumented" at every app start
+            return
+        instrumentor.instrument(**kwargs)
 
 
 class StreamJudgeConfigurator(_OTelSDKConfigurator):
