@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -544,7 +545,7 @@ def test_verdicts_posted_together_wake_the_waiting_stream_once() -> None:
 
         def counting(cb: Any, *args: Any) -> Any:
             nonlocal sent
-            sent += cb == waker._wake  # not the thread pool's own hand-backs
+            sent += cb == waker._bell._run  # not the thread pool's own hand-backs
             return real(cb, *args)
 
         loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
@@ -561,6 +562,49 @@ def test_verdicts_posted_together_wake_the_waiting_stream_once() -> None:
         await asyncio.sleep(0)
         await asyncio.to_thread(waker.notify)
         await asyncio.wait_for(waiting, 1.0)
+        return first, sent
+
+    first, total = asyncio.run(main())
+    assert first == 1
+    assert total == 2
+
+
+def test_verdicts_for_many_streams_posted_together_wake_their_loop_once() -> None:
+    # a worker's replies for many streams arrive in one read: the pool's thread rings one wake-up for all
+    # the streams of a loop (each call_soon_threadsafe is a self-pipe write), and every stream wakes
+    from streamjudge.judging._drivers import AsyncWaker
+
+    async def main() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        wakers = [AsyncWaker(loop) for _ in range(20)]
+        sent = 0
+        real = loop.call_soon_threadsafe
+
+        def counting(cb: Any, *args: Any) -> Any:
+            nonlocal sent
+            sent += cb == wakers[0]._bell._run
+            return real(cb, *args)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        waiting = [asyncio.ensure_future(w.wait(None, 5.0)) for w in wakers]
+        await asyncio.sleep(0)  # every stream now waits
+
+        def pool_thread() -> None:
+            for w in wakers:
+                w.notify()
+
+        # the loop is busy (blocked here) while the pool's thread posts: as under load, it runs the
+        # wake-up only after the last verdict came
+        thread = threading.Thread(target=pool_thread)
+        thread.start()
+        thread.join(5)
+        await asyncio.wait_for(asyncio.gather(*waiting), 1.0)
+        first = sent
+        # and later verdicts ring again
+        again = asyncio.ensure_future(wakers[3].wait(None, 5.0))
+        await asyncio.sleep(0)
+        await asyncio.to_thread(wakers[3].notify)
+        await asyncio.wait_for(again, 1.0)
         return first, sent
 
     first, total = asyncio.run(main())

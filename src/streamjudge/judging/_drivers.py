@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from time import perf_counter
 from typing import Any
@@ -23,6 +25,68 @@ _log = logging.getLogger(__name__)
 _new_event = tuple.__new__
 
 
+class _LoopBell:
+    """One cross-thread wake-up for every stream of a loop with a verdict since the loop last ran it.
+
+    ``call_soon_threadsafe`` writes to the loop's self-pipe on every call; the pool delivers a worker's
+    replies for many streams at once, and each waiting stream would cost the pool's thread a syscall (tens
+    of µs of CPU on a VM, under the app's GIL) and the loop a read. The streams ring this bell instead.
+    """
+
+    __slots__ = ("__weakref__", "_due", "_lock", "_loop", "_ringing")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._due: list[AsyncWaker] = []
+        self._ringing = False
+        self._lock = threading.Lock()
+
+    def ring(self, waker: AsyncWaker) -> None:
+        """Wake ``waker`` on its loop (from any thread)."""
+        with self._lock:
+            self._due.append(waker)
+            if self._ringing:
+                return  # a wake-up is scheduled and has not taken the list yet: it wakes this one too
+            self._ringing = True
+        try:
+            self._loop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            with self._lock:
+                self._ringing = False
+                self._due.clear()
+
+    def _run(self) -> None:
+        with self._lock:
+            due, self._due = self._due, []
+            self._ringing = False
+        for waker in due:
+            waker._wake()
+
+
+_bells: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBell] = weakref.WeakKeyDictionary()
+_bells_lock = threading.Lock()
+
+
+def _bell(loop: asyncio.AbstractEventLoop) -> _LoopBell:
+    bell = _bells.get(loop)
+    if bell is None:
+        with _bells_lock:
+            bell = _bells.get(loop)
+            if bell is None:
+                bell = _bells[loop] = _LoopBell(loop)
+    return bell
+
+
+def _forget_bells() -> None:
+    # a lock held by the pool's thread at fork time would stay held in the child
+    global _bells, _bells_lock
+    _bells = weakref.WeakKeyDictionary()
+    _bells_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_bells)
+
+
 class AsyncWaker:
     """Wakes the stream's event loop from the pool's thread when a verdict arrives.
 
@@ -32,10 +96,11 @@ class AsyncWaker:
     of the two always sees the other.
     """
 
-    __slots__ = ("_flag", "_fut", "_loop", "_waking")
+    __slots__ = ("_bell", "_flag", "_fut", "_loop", "_waking")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        self._bell = _bell(loop)
         self._fut: asyncio.Future[None] | None = None
         self._flag = False
         # a wake-up is on its way to the loop: verdicts that follow it before it ran need none of their
@@ -49,10 +114,7 @@ class AsyncWaker:
             return
         # set before scheduling: the loop may run the wake-up (and clear it) before this line returns
         self._waking = True
-        try:
-            self._loop.call_soon_threadsafe(self._wake)
-        except RuntimeError:  # loop already closed: nobody is waiting any more
-            self._waking = False
+        self._bell.ring(self)
 
     def _wake(self) -> None:
         self._waking = False
