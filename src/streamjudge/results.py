@@ -8,9 +8,10 @@ answer, the final pass) and ``preflight`` (the retrieved contexts, before the fi
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 from streamjudge import semconv
 
@@ -257,3 +258,33 @@ class EvaluationRecord:
     def span_id_hex(self) -> str:
         """The W3C (16 hex digits) form of the span id."""
         return format(self.span_id, "016x")
+
+
+# --- pickling -----------------------------------------------------------------------------------------
+# A judge worker sends a JudgeResult (its Scores, their SentenceScores, a Usage) back on every call, and the
+# app's side unpickles it under the app's GIL. The generic state functions dataclasses gives slotted classes
+# walk fields() per object: half of unpickling a reply. These reduce to the field values in order and are
+# rebuilt by setting the slots directly (the values were validated when the worker built them).
+_SLOT_SETTERS: dict[type, tuple[Callable[[Any, Any], None], ...]] = {}
+
+
+def _restore(cls: type, state: tuple[Any, ...]) -> Any:
+    obj: Any = object.__new__(cls)
+    for set_slot, value in zip(_SLOT_SETTERS[cls], state, strict=True):
+        set_slot(obj, value)
+    return obj
+
+
+def _pickled_by_fields(cls: type) -> None:
+    names = [f.name for f in fields(cls)]
+    values = operator.attrgetter(*names)  # a tuple of them, in C
+    _SLOT_SETTERS[cls] = tuple(cls.__dict__[name].__set__ for name in names)
+
+    def __reduce__(self: Any) -> tuple[Any, ...]:
+        return (_restore, (cls, values(self)))
+
+    cls.__reduce__ = __reduce__  # type: ignore[method-assign, assignment]
+
+
+for _cls in (SentenceScore, Score, Usage, JudgeResult):
+    _pickled_by_fields(_cls)

@@ -429,3 +429,26 @@ def test_workers_stopped_at_exit_are_not_reported_dead_or_restarted(caplog: pyte
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+def test_results_cross_the_pipe_unchanged_and_stay_frozen() -> None:
+    # results are pickled by their field values (see streamjudge.results): every field survives, with
+    # every protocol, and what comes out is as frozen as what went in
+    import copy
+    import dataclasses
+    import pickle
+
+    from streamjudge.results import Score, SentenceScore, Usage
+
+    result = JudgeResult("local", (
+        Score("faithfulness", 0.5, "fail", "1/2 claims supported", None,
+              (SentenceScore(0, 38, 1.0, "", "pass"), SentenceScore(39, 80, 0.0, "not in context: 1712", "fail"))),
+        Score("context_recall", None, None, "", "no_reference"),
+    ), Usage(1, 120, 8, 0.25))
+    for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+        back = pickle.loads(pickle.dumps(result, protocol))
+        assert back == result and type(back.scores[0].sentences[1]) is SentenceScore
+        assert back.get("faithfulness").failing(0.7) == (result.scores[0].sentences[1],)  # type: ignore[union-attr]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            back.scores[0].value = 1.0  # type: ignore[misc]
+    assert copy.deepcopy(result) == result and dataclasses.replace(result, judge="x").scores == result.scores
