@@ -28,6 +28,8 @@ _ACTIONS: tuple[str, ...] = ("flag", "regenerate", "stop")
 _MODES: tuple[str, ...] = ("stream_first", "hold_back")
 _PREFLIGHT_ACTIONS: tuple[str, ...] = ("none", "warn", "skip_checks", "stop")
 _FINAL_PASSES: tuple[str, ...] = ("local", "deferred")
+#: judge calls in flight per judge worker process (``judge_processes=N`` from the environment)
+_CALLS_PER_WORKER = 16
 
 DEFAULT_FALLBACK = (
     "I'm not confident the rest of this answer is supported by the sources, so I stopped here."
@@ -628,8 +630,10 @@ def _load(
     values.update(overrides)
     processes = values.get("judge_processes", 0)
     if type(processes) is int and processes > 0 and "concurrency" not in values:
-        # two calls in flight per worker: each has its next request queued while it replies
-        values["concurrency"] = max(Settings().concurrency, 2 * processes)
+        # sixteen calls in flight per worker: a worker answers every request at hand in one write, so the
+        # deeper its pipe, the fewer wake-ups per call (capacity with one worker, 2,000 checkpoints queued:
+        # 790-960 checkpoints/s with 4 in flight, 1,300-1,850/s with 16)
+        values["concurrency"] = max(Settings().concurrency, _CALLS_PER_WORKER * processes)
     settings = _build(values, raw_of, errors)
     _check_metric_names(settings)
     return settings

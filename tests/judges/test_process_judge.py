@@ -364,11 +364,11 @@ def test_settings_name_the_variable_and_raise_the_concurrency_for_processes() ->
     assert load_settings({var: " Auto "}).judge_processes == "auto"
     assert load_settings({var: "0"}).judge_processes == 0
     assert load_settings({}).concurrency == 4
-    assert load_settings({var: "1"}).concurrency == 4
+    assert load_settings({var: "1"}).concurrency == 16
     s = load_settings({var: "3"})
-    assert (s.judge_processes, s.concurrency) == (3, 6)
+    assert (s.judge_processes, s.concurrency) == (3, 48)
     assert load_settings({var: "3", "STREAMJUDGE_CONCURRENCY": "2"}).concurrency == 2
-    assert load_settings(judge_processes=4).concurrency == 8
+    assert load_settings(judge_processes=4).concurrency == 64
     for wrong in (-1, "two", True, 1.5):
         with pytest.raises(ConfigError, match="judge_processes"):
             Settings(judge_processes=wrong)  # type: ignore[arg-type]
