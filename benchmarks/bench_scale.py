@@ -61,13 +61,15 @@ async def source(toks):
 
 if variant != "bare":
     import streamjudge
-    from streamjudge.config import Settings
+    from streamjudge.config import load_settings
     from streamjudge.runtime import _Discard
-    # judged: the defaults (judge_processes="auto"); in_process: never a worker; processes=N: N from the start
+    # judged: the defaults (judge_processes="auto"); in_process: never a worker; processes=N: N from start;
+    # built as from the environment (an empty one), so each gets what STREAMJUDGE_JUDGE_PROCESSES=N gives
+    # an app (its default concurrency included)
     processes = (int(variant.partition("=")[2]) if variant.startswith("processes=")
                  else 0 if variant == "in_process" else "auto")
-    settings = Settings(preflight=False, end_wait_s=2.0, sample_rate=0.0 if variant == "sampled_out" else 1.0,
-                        judge_processes=processes)
+    settings = load_settings({}, preflight=False, end_wait_s=2.0,
+                             sample_rate=0.0 if variant == "sampled_out" else 1.0, judge_processes=processes)
     rt = streamjudge.configure(settings, downstream=_Discard(), set_global=False)
     if processes != "auto" and processes:  # they start at configure time, as an app configures before traffic
         time.sleep(1.0)
@@ -135,7 +137,7 @@ print(json.dumps(out))
 CAPACITY = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1] + "/src")
-from streamjudge.config import Settings
+from streamjudge.config import load_settings
 from streamjudge.judging.base import EvalInput
 from streamjudge.judging.judges import create_judge
 from streamjudge.judging.pool import JudgeJob, JudgePool
@@ -143,7 +145,7 @@ variant, jobs, data = sys.argv[2], int(sys.argv[3]), sys.argv[4]
 samples = json.load(open(data))
 processes = (int(variant.partition("=")[2]) if variant.startswith("processes=")
              else 0 if variant == "in_process" else "auto")
-settings = Settings(judge_processes=processes)
+settings = load_settings({}, judge_processes=processes)  # as from the environment (see CHILD)
 items = []
 for i in range(jobs // 2):
     ctx, answer = samples[i % len(samples)]
