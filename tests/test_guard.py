@@ -389,6 +389,9 @@ def test_the_final_result_reaches_a_future_asked_for_before_or_after_it_came(har
         assert final is not None and final.get("faithfulness").value == 0.0  # type: ignore[union-attr]
     assert early.final is fut and late.final is late.final
     harness.configure(SyncKeywordJudge(), final_reconcile=False)
+    cancelled = guard(words(BAD), question="sky", contexts=CONTEXTS)
+    assert cancelled.final.cancel()  # the holder's to cancel: the stream still ends well
+    assert run(cancelled)[-1].type == "done"
     for ask_first in (True, False):
         g = guard(words(BAD), question="sky", contexts=CONTEXTS)
         if ask_first:

@@ -8,6 +8,7 @@ yield; nothing on the token path waits for a judge.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -193,7 +194,9 @@ class GuardSession:
             self._final_value = value
             fut = self._final
         if fut is not None:  # asked for before: resolve it (else the property makes it resolved)
-            fut.set_result(value)
+            # unless its holder cancelled it: that is theirs to do and must not break the stream
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                fut.set_result(value)
 
     # --- the inbox (judge pool's thread) -----------------------------------------------------------
 
