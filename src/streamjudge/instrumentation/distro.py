@@ -39,7 +39,7 @@ class StreamJudgeDistro(BaseDistro):  # type: ignore[misc]
             kwargs.setdefault("exclude_spans", ["send", "receive"])
         instrumentor = entry_point.load()()
         if getattr(instrumentor, "is_instrumented_by_opentelemetry", False):
-            # instrumentors are singletons: one streamjudge's own instrumentor set up already (OpenInference's
+            # instrumentors are singletons: one that streamjudge set up already (OpenInference's
             # LangChain instrumentor, with our settings) would only log "Attempting to instrument while
             # already instrumented" at every app start
             return
