@@ -14,7 +14,9 @@ from _fakes import BrokenJudge, KeywordJudge, SyncKeywordJudge
 from conftest import Harness
 from streamjudge import RegenerateRequest, StreamEvent, guard, semconv
 from streamjudge.judging._drivers import _GAP_SAMPLE as _GAP
+from streamjudge.judging._windows import MAX_JOINED_CHARS
 from streamjudge.judging.guard import GuardSession
+from test_seam import MARK, SentenceJudge
 
 CONTEXTS = ["The sky is blue. Grass is green. Water is wet."]
 GOOD = "The sky is blue. Grass is green. Water is wet. The sky is blue again. "
@@ -533,6 +535,52 @@ def test_checkpoint_span_work_waits_until_the_next_token_was_asked_for(
     assert len(mid) >= 3, log
     for i in mid:
         assert [k for k, _ in log[i - 2 : i]] == ["token", "step"], log[i - 3 : i + 1]
+
+
+def test_sentences_of_one_burst_share_a_checkpoint_that_names_each_sentence(harness: Harness) -> None:
+    # every word at hand (no loop pass between them): nobody could be warned between two windows, so the
+    # windows go out as one checkpoint - one span, one judge call - and its verdict still names the failing
+    # sentence, not the window
+    harness.configure(SentenceJudge(), window_sentences=1, preflight=False)
+    answer = f"The sky is blue. Grass is green. Then {MARK} facts appear. Water is wet. The sky is blue again."
+    events = run(guard(words(answer), question="sky", contexts=CONTEXTS))
+    spans = harness.spans()
+    (cp,) = by_name(spans, semconv.SPAN_CHECKPOINT)
+    assert cp.attributes[semconv.CHECKPOINT_CHAR_START] == 0
+    assert cp.attributes[semconv.CHECKPOINT_CHAR_END] == len(answer) + 1
+    assert cp.attributes[semconv.CHECKPOINT_SENTENCES] == 5
+    assert by_name(spans, semconv.SPAN_STREAM)[0].attributes[semconv.STREAM_CHECKPOINTS] == 1
+    (warning,) = [e for e in events if e.type == "warning"]
+    assert warning.data is not None
+    assert [answer[s["start"] : s["end"]] for s in warning.data["sentences"]] == [f"Then {MARK} facts appear."]
+
+
+def test_a_source_that_yields_to_the_loop_gets_a_checkpoint_per_window(harness: Harness) -> None:
+    # a model's stream (a read per token) lets the loop run between tokens: each window is its own checkpoint
+    harness.configure(SyncKeywordJudge(), window_sentences=1, preflight=False)
+    run(guard(paced(BAD, harness), question="sky", contexts=CONTEXTS))
+    cps = by_name(harness.spans(), semconv.SPAN_CHECKPOINT)
+    assert [c.attributes[semconv.CHECKPOINT_SENTENCES] for c in cps] == [1, 1, 1, 1, 1]
+    assert [c.attributes[semconv.CHECKPOINT_INDEX] for c in cps] == [0, 1, 2, 3, 4]
+
+
+def test_hold_back_never_joins_windows_and_joined_windows_are_capped(harness: Harness) -> None:
+    # hold-back releases each window's tokens on its own verdict: a burst keeps its windows
+    harness.configure(SyncKeywordJudge(), window_sentences=1, preflight=False, mode="hold_back")
+    run(guard(words(GOOD), question="sky", contexts=CONTEXTS))
+    assert len(by_name(harness.spans(), semconv.SPAN_CHECKPOINT)) == 4
+    # a long burst: joined windows stop growing at the cap, and together they cover the answer once
+    harness.configure(SyncKeywordJudge(), window_sentences=1, preflight=False)
+    text = GOOD * 400
+    run(guard(words(text), question="sky", contexts=CONTEXTS))
+    cps = sorted(by_name(harness.spans(), semconv.SPAN_CHECKPOINT),
+                 key=lambda c: c.attributes[semconv.CHECKPOINT_CHAR_START])
+    assert len(cps) > 1
+    assert all(c.attributes[semconv.CHECKPOINT_CHAR_END] - c.attributes[semconv.CHECKPOINT_CHAR_START]
+               <= MAX_JOINED_CHARS for c in cps)
+    assert [c.attributes[semconv.CHECKPOINT_CHAR_START] for c in cps[1:]] == [
+        c.attributes[semconv.CHECKPOINT_CHAR_END] for c in cps[:-1]]
+    assert cps[-1].attributes[semconv.CHECKPOINT_CHAR_END] == len(text) + 1
 
 
 def test_verdicts_posted_together_wake_the_waiting_stream_once() -> None:

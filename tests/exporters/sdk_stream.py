@@ -15,6 +15,9 @@ ANSWER = "The company was founded in 1998 in Palo Alto. It later expanded to Eur
 async def _tokens() -> AsyncIterator[str]:
     for word in ANSWER.split(" "):
         yield word + " "
+        # as a model's stream does (a read per chunk): the loop runs between tokens, so each sentence is
+        # its own checkpoint (a burst with no loop pass in between would share one)
+        await asyncio.sleep(0)
 
 
 def stream_answer() -> None:

@@ -517,15 +517,29 @@ class GuardSession:
             self._span.add_event(semconv.EVENT_FIRST_TOKEN, timestamp=now)
 
     def _close_checkpoint(self, end: int, final: bool = False) -> None:
+        window = self._windows.cut(end)
+        now = time.time_ns()
+        started, self._window_start_ns = self._window_start_ns, now
+        to_send = self._to_send
+        if to_send and not self.hold_back:
+            # the window before is still waiting for the loop's next pass (a burst: several sentences
+            # arrived without the loop running in between, so nobody could have been told of the first
+            # yet): both go out as one checkpoint - one span and one judge call instead of one per window,
+            # which the pool would have merged anyway had both reached its queue. Its verdict still names
+            # each sentence. Hold-back keeps its windows: each releases its tokens on its own verdict.
+            prev, index, prev_started, _final = to_send[-1]
+            if prev.joinable(window):
+                to_send[-1] = (prev.joined(window), index, prev_started, final)
+                cp = self._checkpoints.get(index)
+                if cp is not None:
+                    cp.end = end
+                return
         index = self._next_index
         self._next_index += 1
-        window = self._windows.cut(end)
         judged = self._judging and not self._skip_checks
         if judged or self.hold_back:
             self._checkpoints[index] = _Checkpoint(index, window.start, end,
                                                    window.tokens if self.hold_back else None)
-        now = time.time_ns()
-        started, self._window_start_ns = self._window_start_ns, now
         if self._defer is None:
             self._send(window, index, started, now, final)
         else:

@@ -15,6 +15,10 @@ from streamjudge.sentences import CheckpointPolicy, Sentence, SentenceBuffer
 #: chars of the answer before a window that travel with it as reference material (pronouns, "the tower")
 PREFIX_CHARS = 600
 
+#: a window joined with the next (:meth:`Window.joined`) stops growing here: joining copies the text, and
+#: one judge call should not get a whole long answer from a fast stream behind a slow judge
+MAX_JOINED_CHARS = 8_192
+
 
 @dataclass(frozen=True, slots=True)
 class Window:
@@ -26,6 +30,15 @@ class Window:
     prefix: str
     tokens: list[str]
     sentences: int
+
+    def joinable(self, later: Window) -> bool:
+        """Whether ``later`` starts where this window ends and the two fit in one judge call."""
+        return self.end == later.start and len(self.text) + len(later.text) <= MAX_JOINED_CHARS
+
+    def joined(self, later: Window) -> Window:
+        """One window covering this one and ``later`` (see :meth:`joinable`)."""
+        return Window(self.start, later.end, self.text + later.text, self.prefix, self.tokens + later.tokens,
+                      self.sentences + later.sentences)
 
 
 class Windows:

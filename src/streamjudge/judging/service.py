@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from streamjudge.judging._windows import MAX_JOINED_CHARS
 from streamjudge.judging.base import Judge
 from streamjudge.judging.pool import JudgeJob, JudgePool
 from streamjudge.judging.processor import JudgeSpanProcessor
@@ -19,9 +20,9 @@ from streamjudge.results import EvalInput, EvalKind, JobOutcome, JudgeRequest, S
 
 _log = logging.getLogger(__name__)
 
-# a coalesced request stops growing here (queued on its own instead): joining copies the text, and a fast
-# stream behind a slow judge must not make that quadratic
-_MAX_MERGED_CHARS = 8_192
+# a coalesced request stops growing where a joined window does (queued on its own instead): joining copies
+# the text, and a fast stream behind a slow judge must not make that quadratic
+_MAX_MERGED_CHARS = MAX_JOINED_CHARS
 
 
 class JudgingService:
