@@ -6,7 +6,10 @@
   ``data:`` line) with ``guard`` inserted (local judge, checkpoints every 2 sentences) vs the same loop
   without it, source at full speed; per-token overhead in microseconds (best repeat, and the spread over
   repeats; goal: at most 1 us); the same with judging sampled out (a zero sample rate: the guard and its
-  spans only), as a cost ratio against the bare loop (goal: at most 1.5x).
+  spans only), as a cost ratio against the bare loop (goal: at most 1.5x). Also the loop thread's CPU per
+  token added over whole streams (start, checkpoint spans and requests, end), and the same figures for a
+  source that lets the loop run before each token (as a model read over the network does), where every
+  checkpoint window goes out on its own; the at-hand source's windows close in one burst and are joined.
 - inter-token latency under a slow judge (200 ms): p50/p99 gap between tokens with streamjudge vs the
   naive loop that awaits the judge at each sentence boundary, vs no judging at all; tokens from a model in
   another process (over a pipe) and, for comparison, from an ``asyncio.sleep`` source.
@@ -148,38 +151,51 @@ def frame(tok: str) -> bytes:
 # --- hot path ------------------------------------------------------------------------------------
 
 
-async def sse_plain(streams: list[tuple[tuple[str, ...], list[str], str]]) -> tuple[float, float]:
-    """(time from each stream's start to its last token, total time), measured as in ``sse_guarded``: a
-    timestamp per token is the benchmark's own work, so the baseline pays it too."""
+async def yielding(tokens: Sequence[str], delay: float = 0.0) -> AsyncIterator[str]:
+    """Every token after a pass of the event loop, as a model streamed over the network is read (one
+    read per chunk): each checkpoint window then goes out on its own. ``source`` has all its tokens at
+    hand, so a stream's windows close in one burst and are joined into fewer checkpoints."""
+    for t in tokens:
+        await asyncio.sleep(0)
+        yield t
+
+
+Streams = list[tuple[tuple[str, ...], list[str], str]]
+
+
+async def sse_plain(streams: Streams, src: Source = source) -> tuple[float, float, float]:
+    """(time from each stream's start to its last token, total time, the loop thread's CPU time), measured
+    as in ``sse_guarded``: a timestamp per token is the benchmark's own work, so the baseline pays it too."""
     tokens_time = 0.0
-    t_all = time.perf_counter()
+    t_all, cpu0 = time.perf_counter(), time.thread_time()
     for _ctx, toks, _q in streams:
         t0 = last = time.perf_counter()
-        async for tok in source(toks):
+        async for tok in src(toks, 0.0):
             frame(tok)
             last = time.perf_counter()
         tokens_time += last - t0
-    return tokens_time, time.perf_counter() - t_all
+    return tokens_time, time.perf_counter() - t_all, time.thread_time() - cpu0
 
 
-async def sse_guarded(streams: list[tuple[tuple[str, ...], list[str], str]]) -> tuple[float, float]:
+async def sse_guarded(streams: Streams, src: Source = source) -> tuple[float, float, float]:
     """(time from each stream's start to its last token, total time including the end-of-stream wait
-    for verdicts still in flight, which happens after the last token went out)."""
+    for verdicts still in flight, which happens after the last token went out, and the loop thread's CPU
+    time over whole streams: their start, their checkpoint spans and requests, the end of each stream)."""
     tokens_time = 0.0
-    t_all = time.perf_counter()
+    t_all, cpu0 = time.perf_counter(), time.thread_time()
     for ctx, toks, q in streams:
         t0 = last = time.perf_counter()
-        async for ev in streamjudge.guard(source(toks), question=q, contexts=ctx):
+        async for ev in streamjudge.guard(src(toks, 0.0), question=q, contexts=ctx):
             if ev.type == "token":
                 frame(ev.text)
                 last = time.perf_counter()
         tokens_time += last - t0
-    return tokens_time, time.perf_counter() - t_all
+    return tokens_time, time.perf_counter() - t_all, time.thread_time() - cpu0
 
 
 def bench_hot_path(samples: list[tuple[str, str, bool]], repeats: int) -> dict[str, Any]:
     # answers of chat length: several summaries back to back, their sources as the contexts
-    streams: list[tuple[tuple[str, ...], list[str], str]] = []
+    streams: Streams = []
     for i in range(0, len(samples) - 4, 5):
         group = samples[i : i + 5]
         ctx = tuple(c for c, _a, _b in group)
@@ -187,46 +203,65 @@ def bench_hot_path(samples: list[tuple[str, str, bool]], repeats: int) -> dict[s
         streams.append((ctx, tokenize(answer), "Summarize the passages."))
     tokens = sum(len(t) for _c, t, _q in streams)
 
-    def phase(settings: Settings) -> tuple[float, float, float, list[float]]:
-        """(best plain, best guarded, best guarded incl. end wait, per-token overhead of each repeat in
-        microseconds), the plain loop interleaved with it."""
+    def us(seconds: float) -> float:
+        return round(seconds / tokens * 1e6, 2)
+
+    def phase(settings: Settings, src: Source = source) -> dict[str, Any]:
+        """Best plain, best guarded (to the last token, and including the end wait), the loop thread's CPU
+        per token added over whole streams, and each repeat's overhead (against the plain loop run just
+        before it, so the spread over repeats shows)."""
         rt = streamjudge.configure(settings, downstream=_Discard(), set_global=False)
-        plain: list[float] = []
-        guarded: list[float] = []
-        guarded_total: list[float] = []
+        plain: list[tuple[float, float, float]] = []
+        guarded: list[tuple[float, float, float]] = []
         try:
-            asyncio.run(sse_guarded(streams[:3]))  # warm imports, as a running server has them
+            asyncio.run(sse_guarded(streams[:3], src))  # warm imports, as a running server has them
             for _ in range(repeats):
                 gc.collect()
-                plain.append(asyncio.run(sse_plain(streams))[0])
+                plain.append(asyncio.run(sse_plain(streams, src)))
                 gc.collect()
-                tok_t, all_t = asyncio.run(sse_guarded(streams))
-                guarded.append(tok_t)
-                guarded_total.append(all_t)
+                guarded.append(asyncio.run(sse_guarded(streams, src)))
             rt.force_flush(30_000)
         finally:
             rt.shutdown()
-        per_repeat = [(g - p) / tokens * 1e6 for p, g in zip(plain, guarded, strict=True)]
-        return min(plain), min(guarded), min(guarded_total), per_repeat
+        over = [g[0] - p[0] for p, g in zip(plain, guarded, strict=True)]
+        cpu = [g[2] - p[2] for p, g in zip(plain, guarded, strict=True)]
+        return {
+            "plain": min(p[0] for p in plain), "guarded": min(g[0] for g in guarded),
+            "total": min(g[1] for g in guarded), "over": over, "cpu": cpu,
+        }
 
-    best_plain, best_guarded, best_total, spread = phase(Settings())
+    def spread(values: list[float]) -> str:
+        return f"[{us(min(values)):.2f}-{us(max(values)):.2f}]"
+
+    judged = phase(Settings())
     # judging sampled out: the guard and its spans, no judge work (one runtime at a time, so its own phase)
-    plain_0, guarded_0, _, spread_0 = phase(Settings(sample_rate=0.0))
+    off = phase(Settings(sample_rate=0.0))
+    # a loop pass per token: every window its own checkpoint (span, request), none joined
+    per_window = phase(Settings(), yielding)
+    best_plain, best_guarded = judged["plain"], judged["guarded"]
     return {
         "hot_path_tokens": tokens,
         "hot_path_streams": len(streams),
         "hot_path_tokens_per_s_plain": round(tokens / best_plain),
         "hot_path_tokens_per_s_guard": round(tokens / best_guarded),
         "hot_path_ratio": round(best_plain / best_guarded, 3),
-        "per_token_overhead_us": round((best_guarded - best_plain) / tokens * 1e6, 2),
-        # each repeat's guarded loop against the plain loop run just before it: the spread over repeats
-        "per_token_overhead_us_spread": f"[{min(spread):.2f}-{max(spread):.2f}]",
-        "bare_loop_us_per_token": round(best_plain / tokens * 1e6, 2),
+        "per_token_overhead_us": us(best_guarded - best_plain),
+        "per_token_overhead_us_spread": spread(judged["over"]),
+        "bare_loop_us_per_token": us(best_plain),
         # including the wait after the last token for the last checkpoint's verdict (before `done`)
-        "hot_path_ratio_incl_end_wait": round(best_plain / best_total, 3),
-        "per_token_overhead_us_sampled_out": round((guarded_0 - plain_0) / tokens * 1e6, 2),
-        "per_token_overhead_us_sampled_out_spread": f"[{min(spread_0):.2f}-{max(spread_0):.2f}]",
-        "hot_path_cost_vs_bare_sampled_out": round(guarded_0 / plain_0, 3),
+        "hot_path_ratio_incl_end_wait": round(best_plain / judged["total"], 3),
+        # whole streams (start, checkpoints, end): the loop's CPU an answer costs, not only its token path
+        "loop_cpu_us_per_token_added": us(min(judged["cpu"])),
+        "loop_cpu_us_per_token_added_spread": spread(judged["cpu"]),
+        "per_token_overhead_us_sampled_out": us(off["guarded"] - off["plain"]),
+        "per_token_overhead_us_sampled_out_spread": spread(off["over"]),
+        "hot_path_cost_vs_bare_sampled_out": round(off["guarded"] / off["plain"], 3),
+        "loop_cpu_us_per_token_added_sampled_out": us(min(off["cpu"])),
+        "per_token_overhead_us_per_window": us(per_window["guarded"] - per_window["plain"]),
+        "per_token_overhead_us_per_window_spread": spread(per_window["over"]),
+        "bare_loop_us_per_token_per_window": us(per_window["plain"]),
+        "loop_cpu_us_per_token_added_per_window": us(min(per_window["cpu"])),
+        "loop_cpu_us_per_token_added_per_window_spread": spread(per_window["cpu"]),
     }
 
 
