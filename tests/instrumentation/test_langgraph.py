@@ -188,3 +188,32 @@ def test_openinference_inline_off_keeps_langchains_dispatch(harness, monkeypatch
         inst.uninstrument()
     if not before:  # LangChain's own dispatch: the token callbacks ran on the loop's thread pool
         assert threads and threading.current_thread().name not in threads
+
+
+def test_the_model_tap_joins_the_windows_of_a_chunk_burst(harness, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # a model whose chunks arrive without a loop pass between them (a burst read at once): the tap defers
+    # checkpoint spans to the loop's next pass, so the windows of one burst share a checkpoint; paced
+    # chunks get a checkpoint per window. Either way the checkpoints tile the answer exactly once.
+    rt = harness.configure(end_wait_s=2.0, window_sentences=1, preflight=False)
+    inst = StreamJudgeInstrumentor()
+    inst.instrument()
+    counts = {}
+    try:
+        for delay in ("0", "2"):
+            monkeypatch.setenv("EXAMPLE_TOKEN_DELAY_MS", delay)
+            harness.exporter.clear()
+            with rt.tracer.start_as_current_span("request"):
+                answer = _run(rag.build_graph(), "How tall is the Eiffel Tower?", hallucinate=True)
+            spans = harness.spans()
+            stream = next(s for s in spans if s.name == semconv.SPAN_STREAM)
+            cps = sorted((s for s in spans if s.name == semconv.SPAN_CHECKPOINT),
+                         key=lambda s: s.attributes[semconv.CHECKPOINT_CHAR_START])
+            assert len(cps) == stream.attributes[semconv.STREAM_CHECKPOINTS]
+            assert "".join(s.attributes[semconv.CHECKPOINT_TEXT] for s in cps) == answer
+            assert stream.attributes[semconv.STREAM_ALERTS] >= 1
+            counts[delay] = (len(cps), sum(s.attributes[semconv.CHECKPOINT_SENTENCES] for s in cps))
+    finally:
+        inst.uninstrument()
+    (burst, burst_sentences), (paced, paced_sentences) = counts["0"], counts["2"]
+    assert burst_sentences == paced_sentences == paced > 1
+    assert burst < paced

@@ -162,6 +162,7 @@ class _Tap:
         self.like: Any = None  # a chunk of this model, for re-chunked text
         self._woke: asyncio.Event | None = None
         self._waiting = False  # the tap sleeps until a verdict arrives (only then do verdicts wake it)
+        self._deferring = False  # the tap set the session's deferral (and removes it when it ends)
 
     def _regenerate(self, req: RegenerateRequest) -> AsyncIterator[Any]:
         args, kwargs = self.args, dict(self.kwargs)
@@ -308,6 +309,11 @@ class _Tap:
                 await _aclose(source)
             if self.session is not None:
                 self.session.set_notify(None)
+                if self._deferring:
+                    # the spans of windows still waiting for the loop go out now: whatever feeds the
+                    # session after this tap (another model call, the graph's callbacks) sends inline
+                    self.session.set_deferral(None)
+                    self._deferring = False
             binding.driver = None
             binding.regenerate = None
 
@@ -316,6 +322,12 @@ class _Tap:
         s = self.binding.ensure_session()
         self.session = s
         s.set_notify(notify)
+        if not s.defers:
+            # checkpoint spans and judge requests are made when the loop next runs, not between two chunks
+            # of the model's stream; the windows a chunk burst closes go out as one checkpoint (the tap
+            # runs on the loop, and while it drives nothing else feeds the session)
+            s.set_deferral(asyncio.get_running_loop().call_soon)
+            self._deferring = True
         return s
 
     def _held(self) -> bool:

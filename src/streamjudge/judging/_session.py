@@ -466,6 +466,11 @@ class GuardSession:
             return "answer_too_large"
         return None
 
+    @property
+    def defers(self) -> bool:
+        """Whether checkpoint spans and requests wait for a scheduler (see :meth:`set_deferral`)."""
+        return self._defer is not None
+
     def set_deferral(self, schedule: Callable[[Callable[[], None]], object] | None) -> None:
         """Let checkpoint requests go out via ``schedule`` (e.g. ``loop.call_soon``) instead of inline."""
         if schedule is None:
