@@ -41,7 +41,7 @@ lint: install
 	$(BIN)/mypy
 
 # every benchmark prints ratios against a baseline measured in the same run
-BENCHES ?= run.py bench_sentences.py bench_local_judge.py bench_judge_accuracy.py bench_judges.py bench_instrumentation.py bench_model_judge.py bench_peers.py bench_scale.py
+BENCHES ?= run.py bench_instructions.py bench_sentences.py bench_local_judge.py bench_judge_accuracy.py bench_judges.py bench_instrumentation.py bench_model_judge.py bench_peers.py bench_scale.py
 bench: install
 	@set -e; for b in $(BENCHES); do echo "### benchmarks/$$b"; $(BIN)/python benchmarks/$$b; echo; done
 
