@@ -16,6 +16,7 @@ from streamjudge import RegenerateRequest, StreamEvent, guard, semconv
 from streamjudge.judging._drivers import _GAP_SAMPLE as _GAP
 from streamjudge.judging._windows import MAX_JOINED_CHARS
 from streamjudge.judging.guard import GuardSession
+from streamjudge.sentences import Sentence, SentenceBuffer, split_sentences
 from test_seam import MARK, SentenceJudge
 
 CONTEXTS = ["The sky is blue. Grass is green. Water is wet."]
@@ -562,6 +563,49 @@ def test_a_source_that_yields_to_the_loop_gets_a_checkpoint_per_window(harness: 
     cps = by_name(harness.spans(), semconv.SPAN_CHECKPOINT)
     assert [c.attributes[semconv.CHECKPOINT_SENTENCES] for c in cps] == [1, 1, 1, 1, 1]
     assert [c.attributes[semconv.CHECKPOINT_INDEX] for c in cps] == [0, 1, 2, 3, 4]
+
+
+def _count_feeds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    fed: list[str] = []
+    feed = SentenceBuffer.feed
+
+    def counting(self: SentenceBuffer, token: str) -> tuple[Sentence, ...]:
+        fed.append(token)
+        return feed(self, token)
+
+    monkeypatch.setattr(SentenceBuffer, "feed", counting)
+    return fed
+
+
+def test_a_burst_is_scanned_for_sentences_once_when_the_loop_runs(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every token at hand: the pre-flight request waits for the loop's next pass, and the tokens' sentence
+    # work waits with it. The tokens go out untouched, and the windows are found in one scan of their text,
+    # the same sentences as feeding token by token
+    harness.configure(SyncKeywordJudge(), window_sentences=1)
+    fed = _count_feeds(monkeypatch)
+    text = GOOD * 5
+    events = run(guard(words(text), question="sky", contexts=CONTEXTS))
+    tokens = [e.text for e in events if e.type == "token"]
+    assert "".join(tokens) == "".join(w + " " for w in text.split(" "))
+    assert len(fed) <= 2 < len(tokens)  # one scan of the burst (and the tail's flush)
+    cps = sorted(by_name(harness.spans(), semconv.SPAN_CHECKPOINT),
+                 key=lambda c: c.attributes[semconv.CHECKPOINT_CHAR_START])
+    assert "".join(c.attributes[semconv.CHECKPOINT_TEXT] for c in cps) == "".join(tokens)
+    assert sum(c.attributes[semconv.CHECKPOINT_SENTENCES] for c in cps) == len(split_sentences(text))
+
+
+def test_a_source_that_yields_to_the_loop_feeds_each_token_at_once(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # between a model's tokens the loop runs and sends what was deferred: nothing waits, so each token's
+    # sentence work is done as it comes (a window closes at its last token, and its verdict can come
+    # before the next token)
+    harness.configure(SyncKeywordJudge(), window_sentences=1)
+    fed = _count_feeds(monkeypatch)
+    events = run(guard(paced(BAD, harness), question="sky", contexts=CONTEXTS))
+    assert fed == [e.text for e in events if e.type == "token"]
 
 
 def test_hold_back_never_joins_windows_and_joined_windows_are_capped(harness: Harness) -> None:

@@ -148,6 +148,11 @@ class GuardSession:
         self._skips: dict[str, int] = {}
         # set by an event-loop driver: schedules a callback for after the current token went out
         self._defer: Callable[[Callable[[], None]], object] | None = None
+        # the Windows' held list while tokens may wait there for the loop's next pass (see accept), or None
+        self._held: list[str] | None = None
+        # deferred work waits for the loop's next pass and tokens go to _held meanwhile (see accept)
+        self._holding = False
+        self._scanning = False  # _scan_held closes windows: the send that follows it takes them
         self._to_send: list[tuple[Window, int, int, bool]] = []
         self._preflight_due: JudgeRequest | None = None  # made, not sent yet (see _preflight)
         # verdicts from the pool's thread
@@ -293,7 +298,8 @@ class GuardSession:
             # nothing will be judged: no sentence splitting, no windows, nothing held back
             self._windows = Transcript()
             self.hold_back = False
-        elif settings.preflight:
+        self._hold_tokens()
+        if self._judging and settings.preflight:
             self._preflight()
         return self._take()
 
@@ -330,6 +336,7 @@ class GuardSession:
         if not self._to_send and self._preflight_due is None:
             self._defer(self._send_deferred)
         self._preflight_due = request
+        self._holding = self._held is not None
 
     @property
     def preflight_blocks(self) -> bool:
@@ -364,6 +371,14 @@ class GuardSession:
         if not stats.tokens:
             self._first_token()
         stats.tokens += 1
+        if self._holding:
+            # the loop has not run since a checkpoint (or the pre-flight request) was deferred to its next
+            # pass: a burst, whose tokens come faster than the loop turns. Their sentences wait for that
+            # pass too, which scans them as one text (see _send_deferred); nobody could be told of a
+            # window of them before it anyway, and a window that closed now would be joined to the one
+            # waiting. The token goes out with a list append as its only work
+            self._held.append(token)  # type: ignore[union-attr]
+            return token  # type: ignore[no-any-return]
         end = self._windows.feed(token)
         if end >= 0:
             self._close_checkpoint(end)
@@ -383,6 +398,7 @@ class GuardSession:
 
     def close_tail(self) -> None:
         """End of the token source: flush the tail sentence and close the last checkpoint."""
+        self._scan_held()
         tail = self._text.tail()
         if tail:
             self._stats.tokens += 1
@@ -476,6 +492,14 @@ class GuardSession:
         if schedule is None:
             self._send_deferred()
         self._defer = schedule
+        self._hold_tokens()
+
+    def _hold_tokens(self) -> None:
+        # tokens wait for a scan only where a scheduler runs it, and not in hold-back, where tokens go out
+        # per window as they came; called whenever the windows, the scheduler or the mode change
+        lazy = self._defer is not None and self._judging and not self.hold_back
+        self._held = self._windows.held if lazy else None
+        self._holding = self._holding and lazy
 
     def abort(self, outcome: str = "disconnected", error: BaseException | None = None) -> None:
         """The consumer went away or the source failed: cancel queued judge work, end the span."""
@@ -502,6 +526,7 @@ class GuardSession:
         prefix = req.accepted_prefix
         s = self.settings
         self._windows = Windows(s.window_sentences, s.window_chars, s.checkpoint_every, prefix)
+        self._hold_tokens()  # the retracted text's held tokens went with the old windows
         self._good = PassedPrefix(len(prefix))
         self._failed = False
         # hold-back: the retracted windows were never released; the new ones are released from here
@@ -550,14 +575,29 @@ class GuardSession:
         else:
             # the span and the request (-> judge pool, which wakes the pool's thread) are made right after
             # this token went out, while the stream waits for the next one, not inside its gap
-            if not self._to_send:
-                self._defer(self._send_deferred)
+            if not self._scanning:
+                if not self._to_send and self._preflight_due is None:
+                    self._defer(self._send_deferred)
+                self._holding = self._held is not None
             self._to_send.append((window, index, started, final))
         if not judged and self.hold_back:
             self._release(index)
             del self._checkpoints[index]
 
+    def _scan_held(self) -> None:
+        """Feed the held tokens to the windows; the windows they complete join the checkpoints waiting to
+        go out, whose send is scheduled already (or is the caller)."""
+        self._holding = False
+        if self._held:
+            self._scanning = True
+            try:
+                for end in self._windows.scan():
+                    self._close_checkpoint(end)
+            finally:
+                self._scanning = False
+
     def _send_deferred(self) -> None:
+        self._scan_held()
         if self._preflight_due is not None:
             request, self._preflight_due = self._preflight_due, None
             self._backend.service.submit(request)

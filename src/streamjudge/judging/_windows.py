@@ -44,7 +44,7 @@ class Window:
 class Windows:
     """Cuts a token stream into checkpoint windows on sentence boundaries."""
 
-    __slots__ = ("_buf", "_policy", "_sentences", "_skip_until", "_tail", "_tokens", "start")
+    __slots__ = ("_buf", "_policy", "_sentences", "_skip_until", "_tail", "_tokens", "held", "start")
 
     def __init__(self, sentences: int, chars: int, every: int, prefix: str = "") -> None:
         self._buf = SentenceBuffer()
@@ -57,15 +57,40 @@ class Windows:
         if prefix:
             self._buf.feed(prefix)
         self.start = len(prefix)
+        #: tokens a caller appended instead of feeding them, until :meth:`scan`
+        self.held: list[str] = []
 
     @property
     def length(self) -> int:
-        """Chars of the answer so far."""
-        return self._buf.length
+        """Chars of the answer so far (held tokens included)."""
+        held = self.held
+        return self._buf.length + (sum(map(len, held)) if held else 0)
 
     def text(self) -> str:
-        """The whole answer so far (one join; for the end of the stream, not per checkpoint)."""
-        return self._buf.text()
+        """The whole answer so far, held tokens included (one join; for the end of the stream, not per
+        checkpoint)."""
+        held = self.held
+        return self._buf.text() + "".join(held) if held else self._buf.text()
+
+    def scan(self) -> list[int]:
+        """Feed the held tokens to the sentence buffer as one text; the end of every window they
+        completed, in order (each to be :meth:`cut`). One scan of the joined text costs less than a feed
+        per token, and the sentences are the same however the text is chunked."""
+        held = self.held
+        if not held:
+            return []
+        text = held[0] if len(held) == 1 else "".join(held)
+        held.clear()
+        self._tokens.append(text)
+        add = self._policy.add
+        ends: list[int] = []
+        for s in self._buf.feed(text):
+            if s.end <= self._skip_until:
+                continue
+            self._sentences += 1
+            if add(s):
+                ends.append(s.end)
+        return ends
 
     def feed(self, token: str) -> int:
         """Add one token; returns the end of a window it completed, or -1."""
@@ -160,6 +185,7 @@ class Transcript(Windows):
         self._all: list[str] = []
         self._length = 0
         self.start = 0
+        self.held = []  # never holds tokens back: nothing to scan
 
     @property
     def length(self) -> int:

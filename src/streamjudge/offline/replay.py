@@ -176,6 +176,9 @@ async def _chunks(text: str, size: int, stream: list[GuardedStream]) -> AsyncIte
         # guard takes verdicts in (and `outstanding` down) only between tokens, so wait for the verdict to
         # be posted, not for it to be taken
         session = stream[0].session
+        # one loop pass first: the guard closes a burst's windows and sends their checkpoints on the loop's
+        # next pass, after the chunk went out
+        await asyncio.sleep(0)
         deadline = time.monotonic() + 30.0
         while session.outstanding and not session.has_events and time.monotonic() < deadline:
             await asyncio.sleep(0.0005)
