@@ -102,6 +102,12 @@ class FakeService:
     def end_stream(self, stream_id: int) -> None:
         return None
 
+    def stream_opened(self) -> None:
+        return None
+
+    def stream_closed(self) -> None:
+        return None
+
 
 class FakeBackend:
     """What a stream needs from the process, with a recording tracer."""

@@ -14,13 +14,17 @@ from collections.abc import AsyncIterator
 import pytest
 from test_process_judge import CONTEXTS, QUESTION, RaisingJudge, children, items
 
+import streamjudge
 from conftest import Harness
 from streamjudge import guard
 from streamjudge.config import Settings
+from streamjudge.judging import service
 from streamjudge.judging.base import METRICS, EvalInput, Judge, JudgeResult
+from streamjudge.judging.guard import GuardSession
 from streamjudge.judging.judges import _offload, create_judge
 from streamjudge.judging.judges._offload import AutoProcessJudge
 from streamjudge.judging.judges.local import LocalJudge
+from streamjudge.runtime import _Discard
 
 
 @pytest.fixture
@@ -296,3 +300,37 @@ def test_a_guarded_stream_gets_the_same_warnings_once_judging_moved_to_a_worker(
         seen.append(asyncio.run(warnings()))
     seen += [asyncio.run(warnings()) for _ in range(3)]  # judged in the worker
     assert all(w == expected for w in seen)
+
+
+def test_many_live_streams_start_the_worker_before_their_first_checkpoint(
+    two_cores: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a crowd of judged streams: their checkpoints are on their way, so the worker starts before the first
+    # of them instead of after the app's process judged a second's worth; fewer streams start nothing
+    monkeypatch.setattr(service, "LOAD_STREAMS", 6)
+    before = children()
+    rt = streamjudge.configure(Settings(preflight=False, final_reconcile=False), downstream=_Discard(),
+                               set_global=False)
+    try:
+        judge = rt.judge_for("checkpoint")
+        assert isinstance(judge, AutoProcessJudge)
+        sessions = [GuardSession(question=QUESTION, contexts=CONTEXTS, runtime=rt) for _ in range(6)]
+        for s in sessions[:5]:
+            s.start()
+        time.sleep(0.3)
+        assert judge.pids == () and children() <= before
+        sessions[5].start()
+        deadline = time.monotonic() + 20.0
+        while not judge.offloaded:
+            assert time.monotonic() < deadline, "the worker never took over"
+            time.sleep(0.02)
+        assert len(judge.pids) == 1
+        # the streams' checkpoints go to it; their verdicts are the in-process judge's
+        for s in sessions:
+            s.accept("The sky is blue because of Rayleigh scattering. ")
+            s.close_tail()
+            s.finish()
+        assert rt.force_flush(20_000)
+    finally:
+        rt.shutdown()
+    assert children() <= before

@@ -176,6 +176,7 @@ class GuardSession:
         # when generation was requested (time to first token counts from here); default: start()
         self._start_ns = start_time_ns or 0
         self._finished = False
+        self._opened = False  # counted by the service's stream_opened (closed in finish)
 
     @property
     def final(self) -> concurrent.futures.Future[JudgeResult | None]:
@@ -299,8 +300,11 @@ class GuardSession:
             self._windows = Transcript()
             self.hold_back = False
         self._hold_tokens()
-        if self._judging and settings.preflight:
-            self._preflight()
+        if self._judging:
+            self._opened = True
+            backend.service.stream_opened()
+            if settings.preflight:
+                self._preflight()
         return self._take()
 
     def set_inputs(self, *, question: str | None = None, contexts: Sequence[str] | None = None) -> None:
@@ -453,6 +457,8 @@ class GuardSession:
             span.set_status(Status(StatusCode.ERROR, f"stream {outcome}"))
         service = self._backend.service
         service.end_stream(self._span_id)
+        if self._opened:
+            service.stream_closed()
         skip = self._final_skip(outcome, text)
         if skip is None and self.settings.final_pass == "deferred":
             defer_final(span, text, self.question, self.contexts, self.reference,

@@ -282,6 +282,26 @@ class JudgePool:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(wake.set)
 
+    def prepare_for_load(self, judge: Judge) -> bool:
+        """Call ``judge.prepare_for_load()`` (if it has one) on the pool's thread soon; the pool closes the
+        judge at shutdown as if it had judged here. False when nothing was scheduled."""
+        prepare = getattr(judge, "prepare_for_load", None)
+        if prepare is None:
+            return False
+        with self._lock:
+            if self._closed:
+                return False
+            self._judges.add(judge)
+            self._ensure_worker()
+            loop = self._loop
+        if loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(prepare)
+        except RuntimeError:  # closed meanwhile
+            return False
+        return True
+
     def end_stream(self, stream_key: int) -> None:
         """Forget the per-stream budget of a finished stream (its queued jobs still run)."""
         with self._lock:

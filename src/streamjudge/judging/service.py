@@ -10,6 +10,7 @@ the one cross-thread hand-off. Judging never reaches back into the stream.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 from streamjudge.judging._windows import MAX_JOINED_CHARS
@@ -23,6 +24,12 @@ _log = logging.getLogger(__name__)
 # a coalesced request stops growing where a joined window does (queued on its own instead): joining copies
 # the text, and a fast stream behind a slow judge must not make that quadratic
 _MAX_MERGED_CHARS = MAX_JOINED_CHARS
+
+#: judged streams live at once from which judges are told load is coming (see
+#: :meth:`JudgingService.stream_opened`): at a model's pace (20-50 ms per token) this many streams close
+#: checkpoints fast enough to make ``auto``'s meter start its worker within a second or two, and the ones
+#: judged in-process until then take the app's GIL while it serves them all
+LOAD_STREAMS = 64
 
 
 class JudgingService:
@@ -38,6 +45,9 @@ class JudgingService:
         self.pool = pool
         self.processor = processor
         self._judges = judges
+        self._live = 0  # judged streams between stream_opened and stream_closed
+        self._loaded = False  # _live reached LOAD_STREAMS and has not fallen back to half of it
+        self._live_lock = threading.Lock()
 
     def sampled(self, trace_id: int) -> bool:
         """Whether a trace is judged at all (decided once, at stream start)."""
@@ -124,6 +134,26 @@ class JudgingService:
     def cancel_stream(self, stream_id: int) -> int:
         """Cancel a stream's queued and running requests (its client went away). Returns how many."""
         return self.pool.cancel_stream(stream_id)
+
+    def stream_opened(self) -> None:
+        """A judged stream started. When as many are live as :data:`LOAD_STREAMS`, each judge with a
+        ``prepare_for_load()`` (``auto``'s: start its worker) gets it called on the pool's thread, before
+        their checkpoints arrive: the worker then takes them from the first, instead of after the app's
+        process judged them for the second it takes to measure the load and start it."""
+        with self._live_lock:
+            self._live += 1
+            if self._loaded or self._live < LOAD_STREAMS:
+                return
+            self._loaded = True
+        for judge in {id(j): j for j in (self._judges("checkpoint"), self._judges("answer"))}.values():
+            self.pool.prepare_for_load(judge)
+
+    def stream_closed(self) -> None:
+        """A stream counted by :meth:`stream_opened` ended."""
+        with self._live_lock:
+            self._live -= 1
+            if self._live <= LOAD_STREAMS // 2:
+                self._loaded = False  # the next rise tells the judges again (a stopped worker restarts)
 
     def end_stream(self, stream_id: int) -> None:
         """Forget a finished stream's per-stream state (its queued requests still run)."""

@@ -13,6 +13,10 @@ when the in-process judge is measured to need it:
 - once the judges took :data:`OFFLOAD_SHARE` of a core within one :data:`WINDOW_S` window, each auto
   judge starts its worker (both tiers share one: same settings, see ``_WorkerGroup.shared``) and keeps
   judging in-process until a first call came back from the worker (the worker is up and built its judge);
+- a worker also starts before any of that when many judged streams are live at once
+  (:data:`~streamjudge.judging.service.LOAD_STREAMS`, see :meth:`AutoProcessJudge.prepare_for_load`):
+  their checkpoints are on their way, and measuring them in-process first would judge a second's worth
+  of them under the app's GIL;
 - from then on calls go to the worker. A call the worker cannot answer (it died, it cannot start) is
   judged in-process instead, so no verdict is lost; after :data:`_MAX_FAILURES` such calls in a row the
   worker is given up and judging stays in-process for :data:`_RETRY_S` before the meter may start one again;
@@ -184,6 +188,12 @@ class AutoProcessJudge:
         finally:
             if _METER.add(time.thread_time() - cpu) and self._remote is None and not self._closed:
                 self._start_worker()
+
+    def prepare_for_load(self) -> None:
+        """Start the worker now, before the load it is for is measured (the judging service calls this,
+        on the pool's thread, when many judged streams are live at once)."""
+        if self._remote is None and not self._closed:
+            self._start_worker()
 
     def evaluate_sync(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
         """The wrapped judge's ``evaluate_sync``, in this thread (offline use; never offloaded)."""
