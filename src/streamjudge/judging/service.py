@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from streamjudge._fork import after_fork_in_child
 from streamjudge.judging._windows import MAX_JOINED_CHARS
 from streamjudge.judging.base import Judge
 from streamjudge.judging.pool import JudgeJob, JudgePool
@@ -45,6 +46,11 @@ class JudgingService:
         self.pool = pool
         self.processor = processor
         self._judges = judges
+        self._reset_live()
+        # a forked worker (gunicorn, uvicorn --workers) serves none of its parent's streams
+        after_fork_in_child(self, JudgingService._reset_live)
+
+    def _reset_live(self) -> None:
         self._live = 0  # judged streams between stream_opened and stream_closed
         self._loaded = False  # _live reached LOAD_STREAMS and has not fallen back to half of it
         self._live_lock = threading.Lock()
