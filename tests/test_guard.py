@@ -182,6 +182,34 @@ def test_regenerate_retracts_and_continues_from_the_last_good_checkpoint(harness
     assert "HALLUCINATED" not in stream.attributes[semconv.STREAM_ANSWER]
 
 
+def test_regenerate_after_a_burst_retracts_exactly_what_was_shown(harness: Harness) -> None:
+    # every token at hand: they went out before any window was scanned, and the windows were judged as one
+    # checkpoint after the source ended; a sentence-level verdict keeps the good sentences before the
+    # failing one, and the retraction lines up with what was shown
+    harness.configure(SentenceJudge(), action="regenerate", window_sentences=1)
+    answer = f"The sky is blue. Grass is green. Then {MARK} facts appear. More text follows here."
+
+    def regenerate(req: RegenerateRequest) -> AsyncIterator[str]:
+        assert req.accepted_prefix == "The sky is blue. Grass is green."
+        return _aiter([" Water", " is", " wet."])
+
+    events = run(guard(words(answer), question="sky", contexts=CONTEXTS, regenerate=regenerate))
+    types = [e.type for e in events]
+    retract = events[types.index("retract")]
+    assert retract.data is not None
+    shown = ""
+    for e in events:
+        if e.type == "token":
+            shown += e.text
+        elif e.type == "retract":
+            assert shown[e.data["from"] : e.data["to"]] == e.text  # type: ignore[index]
+            assert e.data["to"] == len(shown)  # type: ignore[index]
+            shown = shown[: e.data["from"]]  # type: ignore[index]
+    assert shown == "The sky is blue. Grass is green. Water is wet."
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.STREAM_ANSWER] == shown
+
+
 def test_regenerate_without_a_callback_flags(harness: Harness) -> None:
     harness.configure(SyncKeywordJudge(), action="regenerate")
     events = run(guard(paced(BAD, harness), question="sky", contexts=CONTEXTS))
@@ -554,6 +582,20 @@ def test_sentences_of_one_burst_share_a_checkpoint_that_names_each_sentence(harn
     (warning,) = [e for e in events if e.type == "warning"]
     assert warning.data is not None
     assert [answer[s["start"] : s["end"]] for s in warning.data["sentences"]] == [f"Then {MARK} facts appear."]
+
+
+def test_a_judge_without_sentence_scores_gets_each_window_of_a_burst_on_its_own(harness: Harness) -> None:
+    # a single score per text would fail a joined burst as a whole: with such a judge the guard sends each
+    # window as its own checkpoint (the pool may still merge queued ones under load, and says so)
+    harness.configure(SyncKeywordJudge(), window_sentences=1, preflight=False)
+    run(guard(words(BAD), question="sky", contexts=CONTEXTS))
+    cps = sorted(by_name(harness.spans(), semconv.SPAN_CHECKPOINT),
+                 key=lambda c: c.attributes[semconv.CHECKPOINT_INDEX])
+    assert [c.attributes[semconv.CHECKPOINT_SENTENCES] for c in cps] == [1, 1, 1, 1, 1]
+    assert [c.attributes[semconv.CHECKPOINT_TEXT].strip() for c in cps] == [
+        "The sky is blue.", "Grass is green.", "Then HALLUCINATED facts appear.", "And more of them.",
+        "Last one here.",
+    ]
 
 
 def test_a_source_that_yields_to_the_loop_gets_a_checkpoint_per_window(harness: Harness) -> None:

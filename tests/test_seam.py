@@ -53,6 +53,7 @@ class SentenceJudge:
     """Scores each sentence of the judged text (a stand-in for the local judge, exact and instant)."""
 
     name = "sentences"
+    scores_sentences = True
 
     def __init__(self) -> None:
         self.items: list[EvalInput] = []
@@ -104,6 +105,9 @@ class FakeService:
 
     def stream_opened(self) -> None:
         return None
+
+    def scores_sentences(self, kind: str) -> bool:
+        return bool(getattr(self.judge, "scores_sentences", False))
 
     def stream_closed(self) -> None:
         return None

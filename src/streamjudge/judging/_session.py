@@ -177,6 +177,8 @@ class GuardSession:
         self._start_ns = start_time_ns or 0
         self._finished = False
         self._opened = False  # counted by the service's stream_opened (closed in finish)
+        # windows a burst closed go out as one checkpoint (decided at start; see _close_checkpoint)
+        self._join = False
 
     @property
     def final(self) -> concurrent.futures.Future[JudgeResult | None]:
@@ -303,6 +305,7 @@ class GuardSession:
         if self._judging:
             self._opened = True
             backend.service.stream_opened()
+            self._join = not self.hold_back and backend.service.scores_sentences("checkpoint")
             if settings.preflight:
                 self._preflight()
         return self._take()
@@ -557,12 +560,14 @@ class GuardSession:
         now = time.time_ns()
         started, self._window_start_ns = self._window_start_ns, now
         to_send = self._to_send
-        if to_send and not self.hold_back:
+        if to_send and self._join:
             # the window before is still waiting for the loop's next pass (a burst: several sentences
             # arrived without the loop running in between, so nobody could have been told of the first
             # yet): both go out as one checkpoint - one span and one judge call instead of one per window,
             # which the pool would have merged anyway had both reached its queue. Its verdict still names
-            # each sentence. Hold-back keeps its windows: each releases its tokens on its own verdict.
+            # each sentence: only where the checkpoint judge scores sentences (a single score would fail the
+            # joined text as a whole). Hold-back keeps its windows: each releases its tokens on its own
+            # verdict.
             prev, index, prev_started, _final = to_send[-1]
             if prev.joinable(window):
                 to_send[-1] = (prev.joined(window), index, prev_started, final)

@@ -44,7 +44,8 @@ class Window:
 class Windows:
     """Cuts a token stream into checkpoint windows on sentence boundaries."""
 
-    __slots__ = ("_buf", "_policy", "_sentences", "_skip_until", "_tail", "_tokens", "held", "start")
+    __slots__ = ("_buf", "_policy", "_scanned", "_sentences", "_skip_until", "_tail", "_tokens", "held",
+                 "start")
 
     def __init__(self, sentences: int, chars: int, every: int, prefix: str = "") -> None:
         self._buf = SentenceBuffer()
@@ -59,6 +60,7 @@ class Windows:
         self.start = len(prefix)
         #: tokens a caller appended instead of feeding them, until :meth:`scan`
         self.held: list[str] = []
+        self._scanned: list[int] = []  # sentences of each window scan() found, for cut() to take in order
 
     @property
     def length(self) -> int:
@@ -84,12 +86,16 @@ class Windows:
         self._tokens.append(text)
         add = self._policy.add
         ends: list[int] = []
+        n = self._sentences  # the open window's sentences counted before
         for s in self._buf.feed(text):
             if s.end <= self._skip_until:
                 continue
-            self._sentences += 1
+            n += 1
             if add(s):
                 ends.append(s.end)
+                self._scanned.append(n)
+                n = 0
+        self._sentences = n  # the window left open
         return ends
 
     def feed(self, token: str) -> int:
@@ -135,10 +141,13 @@ class Windows:
         keep.reverse()
         self._tokens = keep
         text = "".join(tokens)
-        window = Window(self.start, end, text, self._tail, tokens, self._sentences)
+        if self._scanned:  # a window scan() found: its own count; the open window keeps the rest
+            sentences = self._scanned.pop(0)
+        else:
+            sentences, self._sentences = self._sentences, 0
+        window = Window(self.start, end, text, self._tail, tokens, sentences)
         self._tail = (self._tail + text)[-PREFIX_CHARS:]
         self.start = end
-        self._sentences = 0
         return window
 
     def take_open_tokens(self) -> list[str]:

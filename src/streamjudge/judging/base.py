@@ -50,7 +50,13 @@ class TransientJudgeError(JudgeError):
 
 @runtime_checkable
 class Judge(Protocol):
-    """Scores text against contexts. Implementations must be safe to call concurrently."""
+    """Scores text against contexts. Implementations must be safe to call concurrently.
+
+    A judge whose faithfulness score names the failing sentences (``Score.sentences``) may say so with a
+    class attribute ``scores_sentences = True``: the live guard then sends the windows a burst closed as one
+    checkpoint, whose verdict still names each sentence. Without it (a framework's single score per text)
+    every window is judged on its own, so a failure underlines no more than its window.
+    """
 
     name: str
 

@@ -55,6 +55,14 @@ class JudgingService:
         self._loaded = False  # _live reached LOAD_STREAMS and has not fallen back to half of it
         self._live_lock = threading.Lock()
 
+    def scores_sentences(self, kind: EvalKind) -> bool:
+        """Whether the judge of ``kind`` names the failing sentences (see
+        :class:`~streamjudge.judging.base.Judge`)."""
+        try:
+            return bool(getattr(self._judges(kind), "scores_sentences", False))
+        except Exception:  # judges are built at configure time; submit() reports a failure here
+            return False
+
     def sampled(self, trace_id: int) -> bool:
         """Whether a trace is judged at all (decided once, at stream start)."""
         return self.pool.samples(trace_id)

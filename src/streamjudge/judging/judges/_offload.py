@@ -142,6 +142,7 @@ class AutoProcessJudge:
     def __init__(self, inner: Judge, spec: JudgeSpec) -> None:
         self.name = inner.name
         self.spec = spec
+        self.scores_sentences = bool(getattr(inner, "scores_sentences", False))
         self._inner = inner
         self._remote: ProcessJudge | None = None
         self._ready = False  # the worker answered a call: calls go there

@@ -100,6 +100,7 @@ class ProcessJudge:
             raise ValueError(f"processes must be >= 1, got {processes!r}")
         self.name = spec.name
         self.spec = spec
+        self.scores_sentences = spec.name in PROCESS_JUDGES  # the built-in judges it runs all do
         self._group = _WorkerGroup.shared(spec.settings, processes)
         self._slot = self._group.acquire(spec)
         self._closed = False

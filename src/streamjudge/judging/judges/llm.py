@@ -95,6 +95,8 @@ class LLMJudge:
     """
 
     name = "llm"
+    #: faithfulness names each failing sentence (see :class:`~streamjudge.judging.base.Judge`)
+    scores_sentences = True
 
     def __init__(self, client: ChatClient, *, fence_factory: Callable[[], P.DataFence] = P.DataFence,
                  max_tokens: int = 1024) -> None:

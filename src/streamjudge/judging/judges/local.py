@@ -123,6 +123,8 @@ class LocalJudge:
     """Deterministic claim-level judge. Thread-safe; ``evaluate_sync`` is cheap enough for a hot path."""
 
     name = "local"
+    #: faithfulness names each failing sentence (see :class:`~streamjudge.judging.base.Judge`)
+    scores_sentences = True
 
     def __init__(
         self, *, index_cache_size: int = 512, claim_cache_size: int = 4096, shared: bool = False

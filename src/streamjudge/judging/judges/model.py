@@ -118,6 +118,8 @@ class ModelJudge:
     """
 
     name = "model"
+    #: faithfulness names each failing sentence (see :class:`~streamjudge.judging.base.Judge`)
+    scores_sentences = True
 
     def __init__(self, runtime: ModelRuntime, *, timeout_s: float = 30.0, release: Any = None) -> None:
         self.runtime = runtime
