@@ -77,6 +77,8 @@ class _InstantJudge:
     """Passes every metric at once: the judged variant then counts streamjudge's work, not a judge's."""
 
     name = "instant"
+    # as the default (local) judge: a burst's windows are joined into one checkpoint
+    scores_sentences = True
 
     async def evaluate(self, item: Any, metrics: Sequence[str]) -> Any:
         from streamjudge.judging.base import JudgeResult
