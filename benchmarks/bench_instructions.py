@@ -291,10 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{results[key + '_cost_vs_bare_whole_stream']:>7}")
         print(f"   local judge's own work on other threads: "
               f"{results[f'{s}_local_other_threads_per_token']} instructions per token")
-    print("== goals (issue 13's CPU goals, counted instead of timed; instructions are not time - cache")
-    print("   misses, the GIL - and run.py has the microseconds)")
-    for k, v in goals.items():
-        print(f"   {k:<40} {'met' if v else 'NOT met'}")
+    from run import print_goals
+
+    print_goals(goals, "== goals (issue 13's CPU goals, counted instead of timed; instructions are not time -"
+                       " cache\n   misses, the GIL - and run.py has the microseconds)")
     return 0
 
 

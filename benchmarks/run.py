@@ -508,10 +508,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(results))
     else:
-        print("== goals")
-        for k, v in goals.items():
-            print(f"   {k:<40} {'met' if v else 'NOT met'}")
+        print_goals(goals)
     return 0
+
+
+def print_goals(goals: dict[str, bool], heading: str = "== goals") -> None:
+    """Each goal of a benchmark as met / NOT met, under ``heading`` (one or more lines)."""
+    print(heading)
+    for k, v in goals.items():
+        print(f"   {k:<40} {'met' if v else 'NOT met'}")
 
 
 if __name__ == "__main__":

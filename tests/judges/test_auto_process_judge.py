@@ -334,3 +334,40 @@ def test_many_live_streams_start_the_worker_before_their_first_checkpoint(
     finally:
         rt.shutdown()
     assert children() <= before
+
+
+def test_the_live_stream_count_tells_the_judges_once_per_crowd() -> None:
+    class Pool:
+        def __init__(self) -> None:
+            self.prepared: list[object] = []
+
+        def prepare_for_load(self, judge: object) -> bool:
+            self.prepared.append(judge)
+            return True
+
+    checkpoint, final = object(), object()
+    pool = Pool()
+    svc = service.JudgingService(pool=pool, processor=None,  # type: ignore[arg-type]
+                                 judges=lambda kind: final if kind == "answer" else checkpoint)
+    n = service.LOAD_STREAMS
+    for _ in range(n - 1):
+        svc.stream_opened()
+    assert pool.prepared == []
+    svc.stream_opened()
+    assert pool.prepared == [checkpoint, final]  # each tier's judge, once
+    for _ in range(10):
+        svc.stream_opened()
+        svc.stream_closed()
+    assert len(pool.prepared) == 2  # the same crowd says nothing new
+    for _ in range(n - n // 2):
+        svc.stream_closed()
+    for _ in range(n - n // 2):
+        svc.stream_opened()
+    assert len(pool.prepared) == 4  # it fell to half and came back: a stopped worker starts again
+
+
+def test_the_wrappers_say_whether_the_judge_they_run_scores_sentences(two_cores: None) -> None:
+    # the guard joins a burst's windows into one checkpoint only for such a judge
+    assert auto().scores_sentences is True and LocalJudge.scores_sentences is True
+    assert AutoProcessJudge(RaisingJudge(), auto().spec).scores_sentences is False
+    assert not getattr(RaisingJudge(), "scores_sentences", False)
