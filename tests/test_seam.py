@@ -354,6 +354,52 @@ def test_coalescing_covers_every_sentence_of_the_superseded_request() -> None:
     assert [(a + b)[s.start : s.end] for s in failing] == [f"Grass is {MARK}."]
 
 
+class TextJudge:
+    """One score per judged text, as a framework's metric gives (no ``scores_sentences``)."""
+
+    name = "text"
+
+    def __init__(self) -> None:
+        self.answers: list[str] = []
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        self.answers.append(item.answer)
+        return JudgeResult(self.name, tuple(Score(m, 0.0 if MARK in item.answer else 1.0) for m in metrics))
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_a_judge_with_one_score_per_text_gets_no_merged_checkpoints() -> None:
+    # merged, "Water is wet." would share the failing score of its neighbour's window and be underlined
+    gate = threading.Event()
+    judge = TextJudge()
+    pool = JudgePool(concurrency=1)
+    got: list[Verdict] = []
+    judges = {"preflight": GatedJudge(gate)}
+    service = JudgingService(pool=pool, processor=JudgeSpanProcessor(),
+                             judges=lambda kind: judges.get(kind, judge))  # type: ignore[arg-type,return-value]
+    a, b = f"Grass is {MARK}. ", "Water is wet. "
+    try:
+        service.submit(JudgeRequest(item=EvalInput("q", CONTEXTS, "", "preflight"),  # occupies the only slot
+                                    metrics=(semconv.FAITHFULNESS,), thresholds={}, index=-1, stream_id=7,
+                                    reply=got.append))
+        for index, (text, offset) in enumerate(((a, 0), (b, len(a)))):
+            service.submit(JudgeRequest(item=EvalInput("q", CONTEXTS, text, "checkpoint", offset=offset),
+                                        metrics=(semconv.FAITHFULNESS,), thresholds={}, index=index,
+                                        stream_id=7, coalesce=True, reply=got.append))
+        gate.set()
+        assert pool.force_flush(10_000)
+    finally:
+        pool.shutdown(5_000)
+    by_index = {v.index: v for v in got}
+    assert judge.answers == [a, b], "each window judged on its own"
+    assert by_index[0].status == by_index[1].status == "judged"
+    assert (by_index[0].start, by_index[0].end, by_index[1].start, by_index[1].end) == (0, len(a), len(a),
+                                                                                        len(a) + len(b))
+    assert by_index[0].scores[0].label == "fail" and by_index[1].scores[0].label == "pass"
+
+
 def test_the_public_api_is_pinned() -> None:
     assert sorted(streamjudge.__all__) == sorted([
         "ConfigError", "EvalInput", "GuardSession", "GuardedStream", "Judge", "JudgeError", "JudgeResult",

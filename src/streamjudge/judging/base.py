@@ -55,7 +55,8 @@ class Judge(Protocol):
     A judge whose faithfulness score names the failing sentences (``Score.sentences``) may say so with a
     class attribute ``scores_sentences = True``: the live guard then sends the windows a burst closed as one
     checkpoint, whose verdict still names each sentence. Without it (a framework's single score per text)
-    every window is judged on its own, so a failure underlines no more than its window.
+    every window is judged on its own, so a failure underlines no more than its window, and the judge pool
+    does not merge a stream's queued checkpoints into one call under load either.
     """
 
     name: str

@@ -88,6 +88,10 @@ class JudgingService:
         self._done(request, JobOutcome("skipped", error=reason))
 
     def _job(self, request: JudgeRequest, judge: Judge) -> JudgeJob:
+        # a queued checkpoint is merged into its stream's next one only where the judge names the failing
+        # sentences: one score for the merged text would fail, and underline, sentences of both windows
+        # that were fine. Other judges' checkpoints queue on their own (a full queue drops, and says so)
+        coalesce = request.coalesce and bool(getattr(judge, "scores_sentences", False))
         return JudgeJob(
             judge=judge,
             item=request.item,
@@ -95,8 +99,8 @@ class JudgingService:
             callback=lambda outcome: self._done(request, outcome),
             stream_key=request.stream_id,
             sample_key=request.trace_id,
-            coalesce=request.coalesce,
-            merge=(lambda older: self._merged(request, judge, older)) if request.coalesce else None,
+            coalesce=coalesce,
+            merge=(lambda older: self._merged(request, judge, older)) if coalesce else None,
             tag=request,
             size=len(request.item.answer) + len(request.item.prefix),
             live=request.kind != "answer",
