@@ -23,7 +23,8 @@ was 4.5x bare against 0.9x with the fixed share — the judge thread's GIL holds
 With ``--capacity JOBS`` (2000 by default, 0 to skip) it also measures the judge's saturated throughput:
 JOBS checkpoints (two per distinct contexts set) queued at once into a judge pool with the default CPU
 share, in-process (``in_process``, the baseline), with ``auto`` and in worker processes, reporting
-checkpoints/s and the pool thread's CPU per call.
+checkpoints/s, the pool thread's CPU per call, and checkpoints per CPU-second of the app's process and its
+workers together (the judge's throughput per core) with the cores that used.
 
 Printed per N: tokens/s ratio and ITL p99 ratio against bare, checkpoints judged / superseded (merged into a
 newer request, which judges their sentences too) / dropped or not judged, judge checkpoints per second, the
@@ -138,7 +139,7 @@ print(json.dumps(out))
 
 
 CAPACITY = r"""
-import json, sys, time
+import json, os, sys, time
 sys.path.insert(0, sys.argv[1] + "/src")
 from streamjudge.config import load_settings
 from streamjudge.judging.base import EvalInput
@@ -169,15 +170,38 @@ def done(outcome):
     statuses.append(outcome.status)
     cpu.append(time.thread_time())  # on the pool's thread
 
-t0 = time.perf_counter()
+def cpu_s():
+    # CPU seconds of this process and of its children (the judge's workers) so far, from /proc: only the
+    # difference over the run counts, so a worker's start (its imports) before it is left out
+    tick = os.sysconf("SC_CLK_TCK")
+    me = str(os.getpid())
+    total = 0.0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if pid == me or fields[1] == me:  # fields[1]: the parent's pid
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+c0, t0 = cpu_s(), time.perf_counter()
 for it in items:
     pool.submit(JudgeJob(judge, it, ("faithfulness",), done))
 pool.force_flush(600_000)
 elapsed = time.perf_counter() - t0
+used = cpu_s() - c0
 pool.shutdown()
-print(json.dumps({"checkpoints_per_s": statuses.count("judged") / elapsed,
+judged = statuses.count("judged")
+print(json.dumps({"checkpoints_per_s": judged / elapsed,
                   "pool_cpu_us_per_call": (cpu[-1] - cpu[0]) / max(1, len(cpu) - 1) * 1e6,
-                  "not_judged": len(items) - statuses.count("judged")}))
+                  # per core: checkpoints per CPU-second of the app's process and its workers together
+                  "checkpoints_per_cpu_s": judged / used if used > 0 else float("nan"),
+                  "cores_used": used / elapsed,
+                  "not_judged": len(items) - judged}))
 """
 
 
@@ -275,6 +299,9 @@ def summarize_capacity(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
     for variant, rs in runs.items():
         out[f"{variant}: checkpoints/s"] = _spread([r["checkpoints_per_s"] for r in rs], 0)
         out[f"{variant}: pool thread CPU us/call"] = _spread([r["pool_cpu_us_per_call"] for r in rs], 1)
+        out[f"{variant}: checkpoints per CPU-second (app + workers)"] = _spread(
+            [r["checkpoints_per_cpu_s"] for r in rs], 0)
+        out[f"{variant}: cores used"] = _spread([r["cores_used"] for r in rs], 2)
         out[f"{variant}: not judged"] = _spread([float(r["not_judged"]) for r in rs], 0)
         if variant != "in_process":
             out[f"{variant}: checkpoints/s ratio vs in-process"] = _spread(

@@ -364,7 +364,7 @@ class JudgePool:
             self._finish(job, outcome)
             with self._lock:
                 self._active -= 1
-                self._idle.notify_all()
+                self._notify_if_idle()
 
     def _pop(self) -> JudgeJob | None:
         with self._lock:
@@ -439,7 +439,7 @@ class JudgePool:
                 self._finish(job, JobOutcome("timeout", error="waited in queue past its deadline"))
                 with self._lock:
                     self._active -= 1
-                    self._idle.notify_all()
+                    self._notify_if_idle()
                 continue
             task = asyncio.get_running_loop().create_task(self._run(job))
             with self._lock:
@@ -456,6 +456,13 @@ class JudgePool:
         with self._lock:
             if self._running.pop(task, None) is not None:
                 self._active -= 1
+            self._notify_if_idle()
+
+    def _notify_if_idle(self) -> None:
+        # with the lock held. Only force_flush waits on _idle, and only for an idle pool: woken per job, a
+        # waiting thread took the GIL from this one on every call (its next write to a worker's pipe then
+        # waited for it), which cost the pool's thread more than the call itself
+        if not self._queued and not self._active:
             self._idle.notify_all()
 
     async def _run(self, job: JudgeJob) -> None:
@@ -522,8 +529,6 @@ class JudgePool:
             job.callback(final)
         except Exception:  # a broken callback must not kill the pool thread
             _log.exception("streamjudge: judge job callback failed")
-        with self._lock:
-            self._idle.notify_all()
 
     async def _close_judges(self) -> None:
         for judge in list(self._judges):
