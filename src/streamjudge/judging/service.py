@@ -59,7 +59,7 @@ class JudgingService:
         """Whether the judge of ``kind`` names the failing sentences (see
         :class:`~streamjudge.judging.base.Judge`)."""
         try:
-            return bool(getattr(self._judges(kind), "scores_sentences", False))
+            return _scores_sentences(self._judges(kind))
         except Exception:  # judges are built at configure time; submit() reports a failure here
             return False
 
@@ -91,7 +91,7 @@ class JudgingService:
         # a queued checkpoint is merged into its stream's next one only where the judge names the failing
         # sentences: one score for the merged text would fail, and underline, sentences of both windows
         # that were fine. Other judges' checkpoints queue on their own (a full queue drops, and says so)
-        coalesce = request.coalesce and bool(getattr(judge, "scores_sentences", False))
+        coalesce = request.coalesce and _scores_sentences(judge)
         return JudgeJob(
             judge=judge,
             item=request.item,
@@ -184,3 +184,8 @@ class JudgingService:
     def shutdown(self, timeout_millis: int = 30_000) -> bool:
         """Drain the pool within the deadline; what is left gets a ``shutdown`` verdict."""
         return self.pool.shutdown(timeout_millis)
+
+
+def _scores_sentences(judge: Judge) -> bool:
+    """Whether ``judge`` names the failing sentences (its ``scores_sentences`` class attribute)."""
+    return bool(getattr(judge, "scores_sentences", False))
