@@ -321,6 +321,13 @@ def streamjudge_parent_based() -> Any:
     return ParentBased(TraceIdRatioBased(1.0))
 
 
+def _request(kind: str, text: str, offset: int, index: int, reply: Any) -> JudgeRequest:
+    """A request of stream 7; checkpoints may be coalesced, as the guard's are outside hold-back."""
+    return JudgeRequest(item=EvalInput("q", CONTEXTS, text, kind, offset=offset),  # type: ignore[arg-type]
+                        metrics=(semconv.FAITHFULNESS,), thresholds={}, index=index, stream_id=7,
+                        coalesce=kind == "checkpoint", reply=reply)
+
+
 def test_coalescing_covers_every_sentence_of_the_superseded_request() -> None:
     gate = threading.Event()
     blocker = GatedJudge(gate)
@@ -331,16 +338,11 @@ def test_coalescing_covers_every_sentence_of_the_superseded_request() -> None:
     judges = {"preflight": blocker}
     service = JudgingService(pool=pool, processor=processor, judges=lambda kind: judges.get(kind, judge))  # type: ignore[arg-type,return-value]
 
-    def req(kind: str, text: str, offset: int, index: int) -> JudgeRequest:
-        return JudgeRequest(item=EvalInput("q", CONTEXTS, text, kind, offset=offset),  # type: ignore[arg-type]
-                            metrics=(semconv.FAITHFULNESS,), thresholds={}, index=index, stream_id=7,
-                            coalesce=kind == "checkpoint", reply=got.append)
-
     try:
-        service.submit(req("preflight", "", 0, -1))  # occupies the only slot
+        service.submit(_request("preflight", "", 0, -1, got.append))  # occupies the only slot
         a, b = f"Grass is {MARK}. ", "Water is wet. "
-        service.submit(req("checkpoint", a, 0, 0))
-        service.submit(req("checkpoint", b, len(a), 1))  # supersedes 0 while it waits in the queue
+        service.submit(_request("checkpoint", a, 0, 0, got.append))
+        service.submit(_request("checkpoint", b, len(a), 1, got.append))  # supersedes 0 while it waits
         gate.set()
         assert pool.force_flush(10_000)
     finally:
@@ -381,13 +383,9 @@ def test_a_judge_with_one_score_per_text_gets_no_merged_checkpoints() -> None:
                              judges=lambda kind: judges.get(kind, judge))  # type: ignore[arg-type,return-value]
     a, b = f"Grass is {MARK}. ", "Water is wet. "
     try:
-        service.submit(JudgeRequest(item=EvalInput("q", CONTEXTS, "", "preflight"),  # occupies the only slot
-                                    metrics=(semconv.FAITHFULNESS,), thresholds={}, index=-1, stream_id=7,
-                                    reply=got.append))
-        for index, (text, offset) in enumerate(((a, 0), (b, len(a)))):
-            service.submit(JudgeRequest(item=EvalInput("q", CONTEXTS, text, "checkpoint", offset=offset),
-                                        metrics=(semconv.FAITHFULNESS,), thresholds={}, index=index,
-                                        stream_id=7, coalesce=True, reply=got.append))
+        service.submit(_request("preflight", "", 0, -1, got.append))  # occupies the only slot
+        service.submit(_request("checkpoint", a, 0, 0, got.append))
+        service.submit(_request("checkpoint", b, len(a), 1, got.append))
         gate.set()
         assert pool.force_flush(10_000)
     finally:
