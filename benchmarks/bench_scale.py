@@ -18,13 +18,18 @@ interleaved in fresh processes, each repeated:
 
 (A CPU policy that let the judge use idle CPU, capping it only while the application's threads were busy,
 was measured here and dropped: at 200 streams it kept every checkpoint judged either way, but its ITL p99
-was 4.5x bare against 0.9x with the fixed share — the judge thread's GIL holds delay the loop's wake-ups.)
+was 4.5x bare against 0.9x with the fixed share — the judge thread's GIL holds delay the loop's wake-ups.
+The share that follows the loops' lateness instead, ``judge_cpu_share_max``, is opt-in for that reason;
+the capacity section measures what it gives and costs.)
 
 With ``--capacity JOBS`` (2000 by default, 0 to skip) it also measures the judge's saturated throughput:
 JOBS checkpoints (two per distinct contexts set) queued at once into a judge pool with the default CPU
 share, in-process (``in_process``, the baseline), with ``auto`` and in worker processes, reporting
 checkpoints/s, the pool thread's CPU per call, and checkpoints per CPU-second of the app's process and its
-workers together (the judge's throughput per core) with the cores that used.
+workers together (the judge's throughput per core) with the cores that used; and in-process again while 20
+streams are live on the app's loop at 20 ms/token (``+live``), with the fixed share and with a ceiling of
+0.8 (``judge_cpu_share_max``), with those streams' ITL p99: what using idle CPU gains and what the GIL
+it takes costs the streams.
 
 Printed per N: tokens/s ratio and ITL p99 ratio against bare, checkpoints judged / superseded (merged into a
 newer request, which judges their sentences too) / dropped or not judged, judge checkpoints per second, the
@@ -139,16 +144,24 @@ print(json.dumps(out))
 
 
 CAPACITY = r"""
-import json, os, sys, time
+import asyncio, json, os, sys, time
 sys.path.insert(0, sys.argv[1] + "/src")
+sys.path.insert(0, sys.argv[1] + "/benchmarks")
+from run import pct
 from streamjudge.config import load_settings
 from streamjudge.judging.base import EvalInput
 from streamjudge.judging.judges import create_judge
 from streamjudge.judging.pool import JudgeJob, JudgePool
 variant, jobs, data = sys.argv[2], int(sys.argv[3]), sys.argv[4]
 samples = json.load(open(data))
-processes = (int(variant.partition("=")[2]) if variant.startswith("processes=")
-             else 0 if variant == "in_process" else "auto")
+# "<where>[+live][+share_max=X]": +live streams LIVE answers at 20 ms/token on the main loop meanwhile (their
+# ITL is recorded, and the loop is probed as a judged stream's is); share_max= sets judge_cpu_share_max
+where, *flags = variant.split("+")
+live = "live" in flags
+share_max = float(next((f.partition("=")[2] for f in flags if f.startswith("share_max=")), "0"))
+LIVE = 20
+processes = (int(where.partition("=")[2]) if where.startswith("processes=")
+             else 0 if where == "in_process" else "auto")
 settings = load_settings({}, judge_processes=processes)  # as from the environment (see CHILD)
 items = []
 for i in range(jobs // 2):
@@ -161,7 +174,7 @@ for i in range(jobs // 2):
     items.append(EvalInput("q", contexts, tail, kind="checkpoint", prefix=head))
 judge = create_judge("local", settings, tier="checkpoint")
 pool = JudgePool(concurrency=settings.concurrency, queue_size=len(items) + 1, max_queue_bytes=0,
-                 cpu_share=settings.judge_cpu_share)
+                 cpu_share=settings.judge_cpu_share, cpu_share_max=share_max)
 if processes != "auto" and processes:  # they start at configure time; let them come up before traffic
     time.sleep(1.0)
 statuses, cpu = [], []
@@ -188,15 +201,46 @@ def cpu_s():
             total += (int(fields[11]) + int(fields[12])) / tick
     return total
 
-c0, t0 = cpu_s(), time.perf_counter()
-for it in items:
-    pool.submit(JudgeJob(judge, it, ("faithfulness",), done))
-pool.force_flush(600_000)
-elapsed = time.perf_counter() - t0
-used = cpu_s() - c0
+gaps = []
+
+async def stream(stop):
+    last = time.perf_counter()
+    while not stop.is_set():
+        await asyncio.sleep(0.02)
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+
+async def with_live_streams():
+    probe = pool.watch_loop()  # as each judged stream's start does
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(stream(stop)) for _ in range(LIVE)]
+    await asyncio.sleep(0.2)
+    c0, t0 = cpu_s(), time.perf_counter()
+    for it in items:
+        pool.submit(JudgeJob(judge, it, ("faithfulness",), done))
+    while len(statuses) < len(items):  # force_flush would block the streams' loop
+        await asyncio.sleep(0.01)
+    elapsed, used = time.perf_counter() - t0, cpu_s() - c0
+    stop.set()
+    await asyncio.gather(*tasks)
+    if probe is not None:
+        probe.close()
+    return elapsed, used
+
+if live:
+    elapsed, used = asyncio.run(with_live_streams())
+else:
+    c0, t0 = cpu_s(), time.perf_counter()
+    for it in items:
+        pool.submit(JudgeJob(judge, it, ("faithfulness",), done))
+    pool.force_flush(600_000)
+    elapsed = time.perf_counter() - t0
+    used = cpu_s() - c0
 pool.shutdown()
 judged = statuses.count("judged")
 print(json.dumps({"checkpoints_per_s": judged / elapsed,
+                  "itl_p99_ms": pct(gaps, 99) * 1000 if gaps else None,
                   "pool_cpu_us_per_call": (cpu[-1] - cpu[0]) / max(1, len(cpu) - 1) * 1e6,
                   # per core: checkpoints per CPU-second of the app's process and its workers together
                   "checkpoints_per_cpu_s": judged / used if used > 0 else float("nan"),
@@ -263,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.capacity:
             cap: dict[str, list[dict[str, Any]]] = {"in_process": [], "auto": []}
             cap.update({f"processes={p}": [] for p in args.processes})
+            # the CPU share's ceiling (judge_cpu_share_max) against the fixed share, while streams are live
+            cap.update({"in_process+live": [], "in_process+live+share_max=0.8": []})
             for _ in range(args.repeat):
                 for variant in cap:
                     cap[variant].append(capacity(variant, args.capacity, data))
@@ -303,6 +349,8 @@ def summarize_capacity(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
             [r["checkpoints_per_cpu_s"] for r in rs], 0)
         out[f"{variant}: cores used"] = _spread([r["cores_used"] for r in rs], 2)
         out[f"{variant}: not judged"] = _spread([float(r["not_judged"]) for r in rs], 0)
+        if rs[0].get("itl_p99_ms") is not None:  # the live streams' (20 ms/token) ITL p99
+            out[f"{variant}: live streams' ITL p99 ms"] = _spread([r["itl_p99_ms"] for r in rs], 1)
         if variant != "in_process":
             out[f"{variant}: checkpoints/s ratio vs in-process"] = _spread(
                 [r["checkpoints_per_s"] / b["checkpoints_per_s"] for r, b in zip(rs, base, strict=True)])

@@ -109,7 +109,7 @@ class FakeService:
     def scores_sentences(self, kind: str) -> bool:
         return bool(getattr(self.judge, "scores_sentences", False))
 
-    def stream_closed(self) -> None:
+    def stream_closed(self, probe: object = None) -> None:
         return None
 
 

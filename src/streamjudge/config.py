@@ -159,8 +159,11 @@ class Settings:
     retry_backoff_s: float = 0.2
     per_stream_budget: int = 64
     global_budget_per_minute: int = 0  # 0 = unlimited
-    # most of one core's time the judge pool's thread may use (local judge, callbacks); 0 = no cap
+    # most of one core's time the judge pool's thread may use (local judge, callbacks); 0 = no cap. While
+    # the event loops serving judged streams keep time (their timers run on time: the app has CPU to
+    # spare), the cap rises step by step up to judge_cpu_share_max, and halves back as soon as one runs late
     judge_cpu_share: float = 0.15
+    judge_cpu_share_max: float = 0.0  # <= judge_cpu_share (the default): a fixed cap
     # seconds the idle judge pool keeps polling (1 ms ticks) for the next job before it sleeps. Off by
     # default: measured, it no longer lowered time to alert (2.8-3.0 ms p50 either way) and under load each
     # tick takes the GIL from request handling (9% fewer requests/s at saturation with 0.05)
@@ -219,7 +222,8 @@ class Settings:
             if value not in choices:
                 raise _invalid(name, getattr(self, name), _one_of(choices))
             object.__setattr__(self, name, value)
-        for name in ("threshold", "sample_rate", "preflight_threshold"):
+        for name in ("threshold", "sample_rate", "preflight_threshold", "judge_cpu_share",
+                     "judge_cpu_share_max"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:
                 raise _invalid(name, v, "a number from 0 to 1")
@@ -399,6 +403,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "per_stream_budget": ("STREAM_BUDGET", _int),
     "global_budget_per_minute": ("GLOBAL_BUDGET_PER_MINUTE", _int),
     "judge_cpu_share": ("JUDGE_CPU_SHARE", _float),
+    "judge_cpu_share_max": ("JUDGE_CPU_SHARE_MAX", _float),
     "judge_linger_s": ("JUDGE_LINGER", _float),
     "judge_processes": ("JUDGE_PROCESSES", _processes),
     "hold_timeout_s": ("HOLD_TIMEOUT", _float),

@@ -345,6 +345,9 @@ def test_the_live_stream_count_tells_the_judges_once_per_crowd() -> None:
             self.prepared.append(judge)
             return True
 
+        def watch_loop(self) -> None:
+            return None
+
     checkpoint, final = object(), object()
     pool = Pool()
     svc = service.JudgingService(pool=pool, processor=None,  # type: ignore[arg-type]

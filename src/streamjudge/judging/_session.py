@@ -42,6 +42,7 @@ from streamjudge.results import EvalKind, JudgeRequest, JudgeResult, Verdict
 
 if TYPE_CHECKING:
     from streamjudge.config import Settings
+    from streamjudge.judging._lag import LoopProbe
 
 _log = logging.getLogger(__name__)
 # guards the lazily made final futures of all sessions (taken once per stream, uncontended)
@@ -177,6 +178,7 @@ class GuardSession:
         self._start_ns = start_time_ns or 0
         self._finished = False
         self._opened = False  # counted by the service's stream_opened (closed in finish)
+        self._probe: LoopProbe | None = None  # what stream_opened returned: its loop's lateness probe
         # windows a burst closed go out as one checkpoint (decided at start; see _close_checkpoint)
         self._join = False
 
@@ -304,7 +306,7 @@ class GuardSession:
         self._hold_tokens()
         if self._judging:
             self._opened = True
-            backend.service.stream_opened()
+            self._probe = backend.service.stream_opened()
             self._join = not self.hold_back and backend.service.scores_sentences("checkpoint")
             if settings.preflight:
                 self._preflight()
@@ -461,7 +463,7 @@ class GuardSession:
         service = self._backend.service
         service.end_stream(self._span_id)
         if self._opened:
-            service.stream_closed()
+            service.stream_closed(self._probe)
         skip = self._final_skip(outcome, text)
         if skip is None and self.settings.final_pass == "deferred":
             defer_final(span, text, self.question, self.contexts, self.reference,

@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import logging
 import random
+import sys
 import threading
 import time
 from collections import deque
@@ -27,6 +28,7 @@ from streamjudge import _sdk, semconv
 from streamjudge._fork import after_fork_in_child
 from streamjudge._redact import redact
 from streamjudge.judging._admission import Admission
+from streamjudge.judging._lag import LoopLag, LoopProbe
 from streamjudge.judging.base import EvalInput, Judge, JudgeResult, Score, TransientJudgeError
 from streamjudge.results import JobOutcome, JobStatus
 
@@ -39,6 +41,10 @@ _log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 10.0
 _POLL_S = 0.001  # the idle dispatcher's polling period while it lingers
+# the CPU share follows the app's loops (see _share_now): read their lateness this often, raise the share by
+# a step while every loop keeps time, halve it (down to the floor) when one runs late
+_ADAPT_S = 0.05
+_SHARE_STEP = 0.1
 
 
 @dataclass(slots=True)
@@ -92,6 +98,7 @@ class JudgePool:
         max_queue_wait_s: float = 60.0,
         max_queue_bytes: int = 0,
         cpu_share: float = 0.0,
+        cpu_share_max: float = 0.0,
         cpu_burst_s: float = 0.05,
         linger_s: float = 0.0,
         meter_provider: metrics.MeterProvider | None = None,
@@ -106,9 +113,15 @@ class JudgePool:
         # queued text is bounded by size too: a few huge answers must not hold gigabytes (0 = no bound)
         self._max_queue_bytes = max_queue_bytes
         # the pool thread's CPU (judges, callbacks) is taken from the application under the GIL: cap its
-        # share of wall time, allowing a burst so an isolated checkpoint is judged at once
+        # share of wall time, allowing a burst so an isolated checkpoint is judged at once. The cap is
+        # `cpu_share` while an app's loop runs late or no loop serving a judged stream says otherwise, and
+        # rises towards `cpu_share_max` while those loops keep time: CPU the app leaves idle is used
         self._cpu_share = cpu_share if 0.0 < cpu_share < 1.0 else 0.0
+        self._cpu_share_max = min(max(cpu_share_max, self._cpu_share), 0.95) if self._cpu_share else 0.0
         self._cpu_burst = cpu_burst_s
+        # a loop is late when a timer runs later than two GIL switch intervals: one is what any thread
+        # that computes makes a waking loop wait (the app's own included), more is a backlog
+        self._lag_limit_s = max(0.01, 2 * sys.getswitchinterval())
         # after a job the dispatcher polls for `linger_s` before sleeping until woken: a wake-up of a
         # sleeping thread costs the submitting (token-streaming) thread a syscall and, on an idle CPU, a
         # millisecond or more of latency; polling costs GIL hand-offs, which a CPU-bound server feels
@@ -156,6 +169,7 @@ class JudgePool:
             max_queue_wait_s=settings.hold_timeout_s,
             max_queue_bytes=settings.max_queue_chars,
             cpu_share=settings.judge_cpu_share if in_app else 0.0,
+            cpu_share_max=settings.judge_cpu_share_max if in_app else 0.0,
             linger_s=settings.judge_linger_s if in_app else 0.0,
             meter_provider=meter_provider,
         )
@@ -185,6 +199,9 @@ class JudgePool:
         self._cpu_debt = 0.0
         self._cpu_seen = 0.0
         self._cpu_at = 0.0
+        self._lag = LoopLag()  # a forked child's loops are its own
+        self._share = self._cpu_share
+        self._share_at = 0.0
 
     @property
     def tracked_streams(self) -> int:
@@ -281,6 +298,19 @@ class JudgePool:
             # a closed loop (shutdown racing us) is fine: the job gets "shutdown" from the drain
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(wake.set)
+
+    def watch_loop(self) -> LoopProbe | None:
+        """A judged stream starts on the running loop: measure its lateness while it is live (the CPU share
+        follows it). Returns the probe to :meth:`~streamjudge.judging._lag.LoopProbe.close` when the stream
+        ends; None when there is nothing to measure (no cap to adapt, or no running loop)."""
+        if self._cpu_share_max <= self._cpu_share:
+            return None
+        return self._lag.watch()
+
+    @property
+    def cpu_share(self) -> float:
+        """The share of a core the pool's thread may take now (0 = no cap)."""
+        return self._share
 
     def prepare_for_load(self, judge: Judge) -> bool:
         """Call ``judge.prepare_for_load()`` (if it has one) on the pool's thread soon; the pool closes the
@@ -382,14 +412,28 @@ class JudgePool:
                 return job
             return None
 
+    def _share_now(self, now: float) -> float:
+        if self._cpu_share_max <= self._cpu_share or now - self._share_at < _ADAPT_S:
+            return self._share
+        self._share_at = now
+        late = self._lag.take()
+        if late is None:  # no judged stream on a loop: nothing says the app has CPU to spare
+            self._share = self._cpu_share
+        elif late > self._lag_limit_s:
+            self._share = max(self._cpu_share, self._share / 2)
+        else:
+            self._share = min(self._cpu_share_max, self._share + _SHARE_STEP)
+        return self._share
+
     async def _throttle(self) -> None:
         now, cpu = time.monotonic(), time.thread_time()
+        share = self._share_now(now)
         self._cpu_debt += cpu - self._cpu_seen
         self._cpu_seen = cpu
-        self._cpu_debt = max(0.0, self._cpu_debt - (now - self._cpu_at) * self._cpu_share)
+        self._cpu_debt = max(0.0, self._cpu_debt - (now - self._cpu_at) * share)
         self._cpu_at = now
         if self._cpu_debt > self._cpu_burst:
-            await asyncio.sleep((self._cpu_debt - self._cpu_burst) / self._cpu_share)
+            await asyncio.sleep((self._cpu_debt - self._cpu_burst) / share)
 
     async def _dispatch(self) -> None:
         assert self._wake is not None

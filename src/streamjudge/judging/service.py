@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 
 from streamjudge._fork import after_fork_in_child
+from streamjudge.judging._lag import LoopProbe
 from streamjudge.judging._windows import MAX_JOINED_CHARS
 from streamjudge.judging.base import Judge
 from streamjudge.judging.pool import JudgeJob, JudgePool
@@ -153,21 +154,28 @@ class JudgingService:
         """Cancel a stream's queued and running requests (its client went away). Returns how many."""
         return self.pool.cancel_stream(stream_id)
 
-    def stream_opened(self) -> None:
-        """A judged stream started. When as many are live as :data:`LOAD_STREAMS`, each judge with a
-        ``prepare_for_load()`` (``auto``'s: start its worker) gets it called on the pool's thread, before
-        their checkpoints arrive: the worker then takes them from the first, instead of after the app's
-        process judged them for the second it takes to measure the load and start it."""
+    def stream_opened(self) -> LoopProbe | None:
+        """A judged stream started (on its event loop's thread, if it has one). Returns what to pass to
+        :meth:`stream_closed`: the pool's probe of that loop's lateness, which its CPU share follows.
+
+        When as many are live as :data:`LOAD_STREAMS`, each judge with a ``prepare_for_load()``
+        (``auto``'s: start its worker) gets it called on the pool's thread, before their checkpoints
+        arrive: the worker then takes them from the first, instead of after the app's process judged them
+        for the second it takes to measure the load and start it."""
+        probe = self.pool.watch_loop()
         with self._live_lock:
             self._live += 1
             if self._loaded or self._live < LOAD_STREAMS:
-                return
+                return probe
             self._loaded = True
         for judge in {id(j): j for j in (self._judges("checkpoint"), self._judges("answer"))}.values():
             self.pool.prepare_for_load(judge)
+        return probe
 
-    def stream_closed(self) -> None:
-        """A stream counted by :meth:`stream_opened` ended."""
+    def stream_closed(self, probe: LoopProbe | None = None) -> None:
+        """A stream counted by :meth:`stream_opened` ended; ``probe`` is what that returned."""
+        if probe is not None:
+            probe.close()
         with self._live_lock:
             self._live -= 1
             if self._live <= LOAD_STREAMS // 2:
