@@ -27,9 +27,9 @@ JOBS checkpoints (two per distinct contexts set) queued at once into a judge poo
 share, in-process (``in_process``, the baseline), with ``auto`` and in worker processes, reporting
 checkpoints/s, the pool thread's CPU per call, and checkpoints per CPU-second of the app's process and its
 workers together (the judge's throughput per core) with the cores that used; and in-process again while 20
-streams are live on the app's loop at 20 ms/token (``+live``), with the fixed share and with a ceiling of
-0.8 (``judge_cpu_share_max``), with those streams' ITL p99: what using idle CPU gains and what the GIL
-it takes costs the streams.
+streams are live on the app's loop at 20 ms/token and the checkpoints come at a steady 800/s (``+live``),
+with the fixed share and with a ceiling of 0.8 (``judge_cpu_share_max``), with those streams' ITL p99: what
+using idle CPU gains and what the GIL it takes costs the streams.
 
 Printed per N: tokens/s ratio and ITL p99 ratio against bare, checkpoints judged / superseded (merged into a
 newer request, which judges their sentences too) / dropped or not judged, judge checkpoints per second, the
@@ -202,13 +202,20 @@ def cpu_s():
     return total
 
 gaps = []
+# with live streams the checkpoints come at a steady RATE (what live streams would send, and more than the
+# fixed share judges in-process) rather than all at once, and the streams' ITL is taken over the same
+# submission window in every variant: over the time to judge them all instead, a faster judge's shorter run
+# would give the one whole-heap GC pause of the run (it stops every stream at once) a larger weight
+RATE = 800
+window = [0.0, 0.0]
 
 async def stream(stop):
     last = time.perf_counter()
     while not stop.is_set():
         await asyncio.sleep(0.02)
         now = time.perf_counter()
-        gaps.append(now - last)
+        if window[0] <= now <= window[1]:
+            gaps.append(now - last)
         last = now
 
 async def with_live_streams():
@@ -217,8 +224,12 @@ async def with_live_streams():
     tasks = [asyncio.create_task(stream(stop)) for _ in range(LIVE)]
     await asyncio.sleep(0.2)
     c0, t0 = cpu_s(), time.perf_counter()
-    for it in items:
-        pool.submit(JudgeJob(judge, it, ("faithfulness",), done))
+    window[:] = [t0, t0 + len(items) / RATE]
+    step = 0.01
+    for i in range(0, len(items), int(RATE * step)):
+        for it in items[i:i + int(RATE * step)]:
+            pool.submit(JudgeJob(judge, it, ("faithfulness",), done))
+        await asyncio.sleep(max(0.0, t0 + (i + int(RATE * step)) / RATE - time.perf_counter()))
     while len(statuses) < len(items):  # force_flush would block the streams' loop
         await asyncio.sleep(0.01)
     elapsed, used = time.perf_counter() - t0, cpu_s() - c0
