@@ -170,9 +170,13 @@ class Settings:
     judge_linger_s: float = 0.0
     # worker processes for a CPU-bound judge (`local`, `model`): judging runs on other cores instead of
     # taking the app's GIL; 0 = in the judge pool's thread. "auto": the local judge runs in the pool's thread
-    # until it is measured to take a noticeable share of the app's CPU, then in one worker process (only
-    # where a second core is free). LLM judges wait on the network and stay in-process
+    # until it is measured to take a noticeable share of the app's CPU, then in one worker process (on one
+    # core too: the kernel preempts a niced worker when the app wakes, the GIL does not preempt the pool's
+    # thread). LLM judges wait on the network and stay in-process
     judge_processes: int | Literal["auto"] = "auto"
+    # the niceness judge worker processes run at (0-19; 0 = the app's own priority): where a worker and the
+    # app want the same core, the kernel runs the app first, so a worker judges with CPU the app leaves idle
+    judge_worker_nice: int = 10
     hold_timeout_s: float = 60.0  # longest a judged span is held for its scores before export
     # judge inputs over this many chars (contexts of a stream, a final answer) are not judged: a recorded
     # skip instead of seconds of judge time and memory
@@ -233,6 +237,8 @@ class Settings:
         for metric, v in self.thresholds.items():
             if not 0.0 <= v <= 1.0:
                 raise _invalid("thresholds", f"{metric}={v}", "metric=value pairs with values from 0 to 1")
+        if not 0 <= self.judge_worker_nice <= 19:
+            raise _invalid("judge_worker_nice", self.judge_worker_nice, "an integer from 0 to 19")
         processes = self.judge_processes
         if isinstance(processes, str) and processes.strip().lower() == "auto":
             object.__setattr__(self, "judge_processes", "auto")
@@ -406,6 +412,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "judge_cpu_share_max": ("JUDGE_CPU_SHARE_MAX", _float),
     "judge_linger_s": ("JUDGE_LINGER", _float),
     "judge_processes": ("JUDGE_PROCESSES", _processes),
+    "judge_worker_nice": ("JUDGE_WORKER_NICE", _int),
     "hold_timeout_s": ("HOLD_TIMEOUT", _float),
     "max_judge_input_chars": ("MAX_JUDGE_INPUT_CHARS", _int),
     "max_queue_chars": ("MAX_QUEUE_CHARS", _int),

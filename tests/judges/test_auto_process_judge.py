@@ -28,12 +28,7 @@ from streamjudge.runtime import _Discard
 
 
 @pytest.fixture
-def two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_offload, "usable_cores", lambda: 2)
-
-
-@pytest.fixture
-def eager(monkeypatch: pytest.MonkeyPatch, two_cores: None) -> None:
+def eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any in-process judging counts as load enough for a worker."""
     monkeypatch.setattr(_offload, "OFFLOAD_SHARE", 1e-9)
 
@@ -55,21 +50,12 @@ async def until_offloaded(j: AutoProcessJudge, probe: EvalInput, timeout: float 
     return out
 
 
-def test_auto_is_the_default_and_wraps_only_the_local_judge_where_a_second_core_is_usable(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_auto_is_the_default_and_wraps_only_the_local_judge() -> None:
     assert Settings().judge_processes == "auto"
-    monkeypatch.setattr(_offload, "usable_cores", lambda: 2)
     wrapped = create_judge("local", Settings())
     assert isinstance(wrapped, AutoProcessJudge) and isinstance(wrapped, Judge) and wrapped.name == "local"
     assert isinstance(create_judge(f"{RaisingJudge.__module__}:RaisingJudge", Settings()), RaisingJudge)
-    monkeypatch.setattr(_offload, "usable_cores", lambda: 1)  # a worker would take the app's own core
-    assert isinstance(create_judge("local", Settings()), LocalJudge)
     assert isinstance(create_judge("local", Settings(judge_processes=0)), LocalJudge)
-
-
-def test_usable_cores_is_at_least_one_and_at_most_the_affinity() -> None:
-    assert 1 <= _offload.usable_cores() <= len(os.sched_getaffinity(0))
 
 
 def test_the_meter_wants_a_worker_only_for_a_share_of_a_core_within_one_window(
@@ -85,7 +71,7 @@ def test_the_meter_wants_a_worker_only_for_a_share_of_a_core_within_one_window(
     assert meter.wanted
 
 
-def test_light_judging_stays_in_process_and_starts_no_process(two_cores: None) -> None:
+def test_light_judging_stays_in_process_and_starts_no_process() -> None:
     before = children()
     its = items()
 
@@ -303,7 +289,7 @@ def test_a_guarded_stream_gets_the_same_warnings_once_judging_moved_to_a_worker(
 
 
 def test_many_live_streams_start_the_worker_before_their_first_checkpoint(
-    two_cores: None, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # a crowd of judged streams: their checkpoints are on their way, so the worker starts before the first
     # of them instead of after the app's process judged a second's worth; fewer streams start nothing
@@ -369,7 +355,7 @@ def test_the_live_stream_count_tells_the_judges_once_per_crowd() -> None:
     assert len(pool.prepared) == 4  # it fell to half and came back: a stopped worker starts again
 
 
-def test_the_wrappers_say_whether_the_judge_they_run_scores_sentences(two_cores: None) -> None:
+def test_the_wrappers_say_whether_the_judge_they_run_scores_sentences() -> None:
     # the guard joins a burst's windows into one checkpoint only for such a judge
     assert auto().scores_sentences is True and LocalJudge.scores_sentences is True
     assert AutoProcessJudge(RaisingJudge(), auto().spec).scores_sentences is False

@@ -19,8 +19,8 @@ from conftest import Harness
 from streamjudge import StreamEvent, guard, semconv
 from streamjudge.config import ConfigError, Settings, load_settings
 from streamjudge.judging.base import METRICS, EvalInput, JudgeError, JudgeResult, TransientJudgeError
-from streamjudge.judging.judges import create_judge
-from streamjudge.judging.judges._process import JudgeSpec, ProcessJudge, _stop_all
+from streamjudge.judging.judges import _process, create_judge
+from streamjudge.judging.judges._process import JudgeSpec, ProcessJudge, _stop_all, worker_cpu_cap
 from streamjudge.judging.judges.local import LocalJudge
 from streamjudge.judging.pool import JobOutcome, JudgeJob, JudgePool
 
@@ -372,6 +372,70 @@ def test_settings_name_the_variable_and_raise_the_concurrency_for_processes() ->
     for wrong in (-1, "two", True, 1.5):
         with pytest.raises(ConfigError, match="judge_processes"):
             Settings(judge_processes=wrong)  # type: ignore[arg-type]
+
+
+def test_workers_run_at_the_configured_lower_priority() -> None:
+    # the kernel then runs the app's threads first on a core both want (the GIL never hands the pool's
+    # thread's core back that way)
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+
+    async def niceness(**settings: object) -> int:
+        j = judge(**settings)
+        try:
+            await j.evaluate(items()[0], ("faithfulness",))
+            (pid,) = j.pids
+            return os.getpriority(os.PRIO_PROCESS, pid)
+        finally:
+            await j.aclose()
+
+    assert asyncio.run(niceness()) == min(19, own + 10)
+    assert asyncio.run(niceness(judge_worker_nice=3)) == min(19, own + 3)
+    assert asyncio.run(niceness(judge_worker_nice=0)) == own
+    var = "STREAMJUDGE_JUDGE_WORKER_NICE"
+    assert load_settings({var: "19"}).judge_worker_nice == 19
+    for bad in ("20", "-1", "low"):
+        with pytest.raises(ConfigError, match=var):
+            load_settings({var: bad})
+
+
+def test_a_worker_is_capped_only_under_a_cgroup_quota_of_less_than_two_cores() -> None:
+    s = Settings()
+    assert worker_cpu_cap(s, quota=0.5) == worker_cpu_cap(s, quota=1.5) == s.judge_cpu_share == 0.15
+    assert worker_cpu_cap(Settings(judge_cpu_share=0.3), quota=1.0) == 0.3
+    assert worker_cpu_cap(s, quota=2.0) == worker_cpu_cap(s, quota=8.0) == 0.0
+    assert worker_cpu_cap(Settings(judge_cpu_share=0.0), quota=1.0) == 0.0  # no cap asked for
+    # no quota: the niceness alone decides (this machine's own quota, whatever it is, gives a valid cap)
+    assert 0.0 <= worker_cpu_cap(s) <= s.judge_cpu_share
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_capped_worker_keeps_to_its_share_of_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    # distinct, long contexts: every call builds an index, ~tens of ms of CPU each
+    work = [EvalInput(QUESTION, (" ".join(f"Plant {i} made {n} units in {1900 + n % 99}." for n in range(400)),),
+                      f"Plant {i} made 7 units in 1907.", "checkpoint") for i in range(40)]
+
+    async def share(cap: float) -> tuple[float, int]:
+        monkeypatch.setattr(_process, "worker_cpu_cap", lambda settings: cap)
+        j = judge(judge_timeout_s=60.0 + cap)  # a Settings of its own: workers of their own
+        try:
+            await j.evaluate(items()[0], ("faithfulness",))  # started, judge built
+            (pid,) = j.pids
+            cpu0, t0 = _cpu_s(pid), time.monotonic()
+            results = await gather(j, work, ("faithfulness",))
+            return (_cpu_s(pid) - cpu0) / (time.monotonic() - t0), len(results)
+        finally:
+            await j.aclose()
+
+    free, n = asyncio.run(share(0.0))
+    capped, m = asyncio.run(share(0.2))
+    assert n == m == len(work)
+    # the cap, plus its 50 ms burst and the clock's 10 ms ticks over a run of seconds
+    assert capped < 0.3 < free, (capped, free)
 
 
 def test_a_stream_guarded_with_judge_processes_gets_the_in_process_verdicts(harness: Harness) -> None:

@@ -22,6 +22,11 @@ thread no CPU (the pool throttles on ``time.thread_time`` of its own thread only
   failing fast meanwhile. A worker that leaves a call unanswered for a whole ``judge_timeout_s`` is stuck
   and is killed (then restarted) when that call is given up. ``aclose`` stops and reaps the workers. In a
   forked child (gunicorn) the parent's workers are not touched: the child starts its own on its first call.
+- Workers run at a lower priority (``judge_worker_nice``, 10 by default): on a core the app also wants, the
+  kernel runs the app's threads first and preempts the worker when they wake, which the GIL never does for
+  the pool's thread. Where a cgroup CPU quota of under two cores bounds the app, the worker's CPU counts
+  against that quota (and the kernel throttles the whole group once it is spent), so there a worker also
+  keeps to ``judge_cpu_share`` of a core, the pool thread's own cap (see :func:`worker_cpu_cap`).
 
 Only CPU-bound judges are worth a process: the LLM judges (``llm``, ``ragas``, ``deepeval``) wait on the
 network and stay in-process.
@@ -47,13 +52,14 @@ import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from streamjudge._fork import after_fork_in_child
 from streamjudge.config import Settings
 from streamjudge.judging.base import EvalInput, JudgeError, JudgeResult, TransientJudgeError
 
-__all__ = ["PROCESS_JUDGES", "JudgeSpec", "ProcessJudge"]
+__all__ = ["PROCESS_JUDGES", "JudgeSpec", "ProcessJudge", "cgroup_quota", "worker_cpu_cap"]
 
 _log = logging.getLogger(__name__)
 
@@ -75,8 +81,41 @@ _STOP_WAIT_S = 2.0
 # a worker answers every request it has at hand before it writes, but holds no reply longer than this
 _REPLY_HOLD_S = 0.002
 
+# CPU a capped worker may use at once before it sleeps to keep to its share (as the pool's thread does)
+_CPU_BURST_S = 0.05
+
 # message kinds, parent -> worker
 _SPEC, _CALL = 0, 1
+
+
+def cgroup_quota() -> float | None:
+    """The cgroup CPU quota this process runs under, in cores; None when unlimited or unknown."""
+    # cgroup v2 ("max 100000" or "150000 100000"), then v1
+    try:
+        fields = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if len(fields) == 2 and fields[0] != "max":
+            return int(fields[0]) / int(fields[1])
+        return None
+    except (OSError, ValueError, ZeroDivisionError):
+        pass
+    try:
+        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def worker_cpu_cap(settings: Settings, quota: float | None = None) -> float:
+    """Most of one core's time a judge worker may use; 0 = no cap (the kernel's priorities decide).
+
+    Capped at ``judge_cpu_share`` only under a cgroup quota of less than two cores (``quota``: measured
+    when None): a worker's CPU counts against the quota, and the idle CPU niceness lets it use could be
+    the quota the app needs later in the same period."""
+    quota = cgroup_quota() if quota is None else quota
+    if quota is None or quota >= 2 or not 0.0 < settings.judge_cpu_share < 1.0:
+        return 0.0
+    return settings.judge_cpu_share
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +155,11 @@ class ProcessJudge:
     def in_flight(self) -> int:
         """Calls sent to the workers and not answered yet (all judges of this worker set)."""
         return self._group.in_flight
+
+    @property
+    def cpu_cap(self) -> float:
+        """Most of a core each worker uses (0 = no cap; see :func:`worker_cpu_cap`)."""
+        return self._group.cpu_cap
 
     async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
         """Score ``item`` in a worker. Raises :class:`JudgeError` when the worker died or is unavailable."""
@@ -171,13 +215,17 @@ class _WorkerGroup:
         with cls._registry_lock:
             group = cls._registry.get(key)
             if group is None or group._stopped:
-                group = cls(processes, hang_s=settings.judge_timeout_s)
+                group = cls(processes, hang_s=settings.judge_timeout_s, nice=settings.judge_worker_nice,
+                            cpu_cap=worker_cpu_cap(settings))
                 cls._registry[key] = group
             return group
 
-    def __init__(self, processes: int, hang_s: float = 30.0) -> None:
+    def __init__(self, processes: int, hang_s: float = 30.0, nice: int = 0, cpu_cap: float = 0.0) -> None:
         self.size = processes
         self._hang_s = hang_s
+        self._nice = nice
+        #: most of a core each worker may use (0 = no cap): a call's bound for an answer scales with it
+        self.cpu_cap = cpu_cap
         self._specs: list[JudgeSpec] = []
         self._users = 0
         self._stopped = False
@@ -421,12 +469,13 @@ class _WorkerGroup:
         boot = (
             "import sys, json; sys.path[:0] = json.loads(sys.argv[1]); "
             "from streamjudge.judging.judges._process import _worker_main; "
-            "_worker_main(int(sys.argv[2]), int(sys.argv[3]))"
+            "_worker_main(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))"
         )
         path = [p for p in sys.path if p]
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", boot, json.dumps(path), str(req_r), str(rep_w)],
+                [sys.executable, "-I", "-c", boot, json.dumps(path), str(req_r), str(rep_w), str(self._nice),
+                 repr(self.cpu_cap)],
                 pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL, close_fds=True,
             )
         except OSError as exc:
@@ -599,16 +648,23 @@ def _stop_all() -> None:
 # --- the worker process ---------------------------------------------------------------------------
 
 
-def _worker_main(rfd: int, wfd: int) -> None:
-    """A worker: read requests, judge them in order, write the replies. Exits when the parent goes."""
+def _worker_main(rfd: int, wfd: int, nice: int = 0, cpu_cap: float = 0.0) -> None:
+    """A worker: read requests, judge them in order, write the replies. Exits when the parent goes.
+
+    ``nice`` is added to its niceness; ``cpu_cap`` (0 = none) is the most of a core it uses."""
+    if nice > 0:
+        with contextlib.suppress(OSError, AttributeError):  # no os.nice off Unix: the app's priority
+            os.nice(nice)
     # the parent went before it read a reply (it exited, or a forked child dropped us): no error to print
     with contextlib.suppress(BrokenPipeError):
-        _serve(rfd, wfd)
+        _serve(rfd, wfd, cpu_cap)
 
 
-def _serve(rfd: int, wfd: int) -> None:
+def _serve(rfd: int, wfd: int, cpu_cap: float = 0.0) -> None:
     # the parent decides when a worker ends (Ctrl-C in a terminal reaches the whole process group)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # a capped worker's CPU beyond its share so far (seconds), as the pool's thread counts its own
+    debt, cpu_seen, cpu_at = 0.0, time.process_time(), time.monotonic()
     judges: dict[int, Any] = {}
     broken: dict[int, str] = {}
     contexts: dict[int, tuple[str, ...]] = {}
@@ -680,6 +736,14 @@ def _serve(rfd: int, wfd: int) -> None:
             reply((call_id, False, (False, None, broken.get(slot, f"no judge in slot {slot}"))))
             continue
         item = EvalInput(question, contexts[ctx_id], answer, kind, reference, prefix, offset)
+        if cpu_cap:
+            now, cpu = time.monotonic(), time.process_time()
+            debt = max(0.0, debt + cpu - cpu_seen - (now - cpu_at) * cpu_cap)
+            cpu_seen, cpu_at = cpu, now
+            if debt > _CPU_BURST_S:
+                if out:
+                    flush()  # the verdicts judged so far do not wait out the pause
+                time.sleep((debt - _CPU_BURST_S) / cpu_cap)
         try:
             sync = getattr(judge, "evaluate_sync", None)
             if sync is not None:
