@@ -1,7 +1,7 @@
 """Many concurrent streams in one process: does judging keep up, and what does it cost the streams?
 
     python benchmarks/bench_scale.py [--streams 200 500] [--delay-ms 20] [--repeat 2] [--processes 1 2]
-                                     [--capacity 2000] [--json]
+                                     [--one-core 500] [--capacity 2000] [--json]
 
 N answers stream at the same time in one event loop, one token every ``delay`` ms, each with its own text and
 its own contexts (FaithBench dev sources and summaries, read in place from ../shared/benchdata; a synthetic
@@ -22,6 +22,10 @@ was 4.5x bare against 0.9x with the fixed share — the judge thread's GIL holds
 The share that follows the loops' lateness instead, ``judge_cpu_share_max``, is opt-in for that reason;
 the capacity section measures what it gives and costs.)
 
+With ``--one-core N`` (500 by default, 0 to skip) it runs ``bare``, ``judged`` and ``in_process`` again
+with N streams pinned to one core (the children and the judge workers they start): a one-core host or
+container, where ``auto``'s worker takes the app's own core, niced, against the judge in the pool's thread.
+
 With ``--capacity JOBS`` (2000 by default, 0 to skip) it also measures the judge's saturated throughput:
 JOBS checkpoints (two per distinct contexts set) queued at once into a judge pool with the default CPU
 share, in-process (``in_process``, the baseline), with ``auto`` and in worker processes, reporting
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -281,10 +286,12 @@ def load(limit: int) -> list[tuple[str, str]]:
     return out[:limit]
 
 
-def child(variant: str, n: int, delay_ms: float, data: Path) -> dict[str, Any]:
+def child(variant: str, n: int, delay_ms: float, data: Path, cpu: int | None = None) -> dict[str, Any]:
     code = CHILD
+    # cpu: the child (and the judge workers it starts, which inherit its affinity) runs on that core only
+    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
     proc = subprocess.run([sys.executable, "-c", code, str(ROOT), variant, str(n), str(delay_ms), str(data)],
-                          capture_output=True, text=True, input="", timeout=600)
+                          capture_output=True, text=True, input="", timeout=600, preexec_fn=pin)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-2000:])
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -292,7 +299,7 @@ def child(variant: str, n: int, delay_ms: float, data: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--streams", type=int, nargs="+", default=[200, 500])
+    ap.add_argument("--streams", type=int, nargs="*", default=[200, 500])
     ap.add_argument("--delay-ms", type=float, default=20.0)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--processes", type=int, nargs="*", default=[1, 2],
@@ -300,9 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity", type=int, default=2000, metavar="JOBS",
                     help="also measure the judge's saturated checkpoints/s with JOBS checkpoints queued "
                     "(0: skip)")
+    ap.add_argument("--one-core", type=int, default=500, metavar="N",
+                    help="also run N streams pinned to one core: bare, judged, in_process (0: skip)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    samples = load(max(args.streams))
+    samples = load(max([*args.streams, args.one_core, 1]))
     data = Path("/tmp") / f"streamjudge-bench-scale-{int(time.time())}.json"
     data.write_text(json.dumps(samples))
     results: dict[str, Any] = {}
@@ -315,6 +324,14 @@ def main(argv: list[str] | None = None) -> int:
                 for variant in runs:  # interleaved: drift on a noisy machine hits every variant alike
                     runs[variant].append(child(variant, n, args.delay_ms, data))
             results[str(n)] = summarize(runs)
+        if args.one_core:
+            # a one-core host or container: the judge's worker takes the app's own core, niced
+            cpu = max(os.sched_getaffinity(0))
+            one: dict[str, list[dict[str, Any]]] = {"bare": [], "judged": [], "in_process": []}
+            for _ in range(args.repeat):
+                for variant in one:
+                    one[variant].append(child(variant, args.one_core, args.delay_ms, data, cpu))
+            results[f"{args.one_core} on one core"] = summarize(one)
         if args.capacity:
             cap: dict[str, list[dict[str, Any]]] = {"in_process": [], "auto": []}
             cap.update({f"processes={p}": [] for p in args.processes})
@@ -332,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     for n, r in results.items():
         if n == "capacity":
             print(f"== judge capacity, {args.capacity} checkpoints queued at once, default CPU share "
+                  f"({args.repeat} repeats, median [min-max])")
+        elif n.endswith("on one core"):
+            print(f"== {n.partition(' ')[0]} concurrent streams pinned to one core, "
+                  f"{args.delay_ms:g} ms/token "
                   f"({args.repeat} repeats, median [min-max])")
         else:
             print(f"== {n} concurrent streams, {args.delay_ms:g} ms/token "

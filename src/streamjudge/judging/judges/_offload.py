@@ -26,10 +26,11 @@ when the in-process judge is measured to need it:
 On one core too: there the worker takes CPU from the app's own core, but the kernel hands it back at once
 (the worker runs niced and is preempted when the app's threads wake), while the pool's thread holds the GIL
 until its call ends or the switch interval forces it off. Measured, 500 streams at 20 ms/token pinned to one
-core: tokens/s 0.75-0.90x bare with the judge in-process (a third of the checkpoints merged), 0.98-0.99x
-with a niced worker (every checkpoint judged). Under a cgroup quota of less than two cores the worker keeps
-to the pool's CPU share (see :func:`~streamjudge.judging.judges._process.worker_cpu_cap`). The worker
-judges with the same deterministic code, so where a call is judged never changes its scores.
+core: tokens/s 0.64-0.90x bare with the judge in-process (a third of the checkpoints merged), 0.96-0.99x
+with a niced worker (all but a few judged; ``bench_scale.py --one-core``). Under a cgroup quota of less
+than two cores the worker keeps to the pool's CPU share (see
+:func:`~streamjudge.judging.judges._process.worker_cpu_cap`). The worker judges with the same
+deterministic code, so where a call is judged never changes its scores.
 """
 
 from __future__ import annotations
