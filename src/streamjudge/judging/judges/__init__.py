@@ -33,7 +33,7 @@ def create_judge(name: str, settings: Settings, *, tier: Tier = "final") -> Judg
     it in that many worker processes (started now, each building the judge); other judges wait on I/O and
     stay in-process. With ``"auto"`` (the default) the ``local`` judge is returned wrapped in an
     :class:`~streamjudge.judging.judges._offload.AutoProcessJudge`, which starts one worker only once its
-    CPU in this process is measured to weigh on the app (and only where a second core is usable).
+    CPU in this process is measured to weigh on the app (on one core too: workers run niced).
     """
     target = _BUILTIN.get(name, name)
     module_name, sep, attr = target.partition(":")
