@@ -35,7 +35,9 @@ streams are live on the app's loop at 20 ms/token and the checkpoints come at a 
 with the fixed share and with a ceiling of 0.8 (``judge_cpu_share_max``), with those streams' ITL p99: what
 using idle CPU gains and what the GIL it takes costs the streams.
 
-Printed per N: tokens/s ratio and ITL p99 ratio against bare, checkpoints judged / superseded (merged into a
+Printed per N: tokens/s ratio (over the whole run, the streams' ``done`` included; and over the time to
+the last token, apart from the wait for the final verdicts, with that wait's p50 and max) and ITL p99
+ratio against bare, checkpoints judged / superseded (merged into a
 newer request, which judges their sentences too) / dropped or not judged, judge checkpoints per second, the
 cyclic GC's pauses during the run (all generations, and in brackets the whole-heap ones: a pause stops
 every stream, so it shows in the ratio as it is), and the spread (min-max) over repeats.
@@ -94,6 +96,9 @@ if variant != "bare":
 
     rt.processor.resolve = resolve
 
+# each stream's last token and its end (the guard's done: after the final verdict, or end_wait_s)
+last_tokens, done_waits = [], []
+
 async def one(i):
     global tokens
     ctx, answer = samples[i % len(samples)]
@@ -104,15 +109,21 @@ async def one(i):
             now = time.perf_counter()
             if last is not None: gaps.append(now - last)
             last = now; tokens += 1
+        last_tokens.append(last)
+        done_waits.append(0.0)
         return
     async for ev in streamjudge.guard(source(toks), question="q", contexts=[f"[{i}] " + ctx]):
         if ev.type == "token":
             now = time.perf_counter()
             if last is not None: gaps.append(now - last)
             last = now; tokens += 1
+    last_tokens.append(last)
+    done_waits.append(time.perf_counter() - last)
+
+t_start = [0.0]
 
 async def main():
-    t0 = time.perf_counter()
+    t0 = t_start[0] = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(n)))
     return time.perf_counter() - t0
 
@@ -135,6 +146,10 @@ gc.callbacks.append(gc_timer)
 elapsed = asyncio.run(main())
 gc.callbacks.remove(gc_timer)
 out = {"tokens_per_s": tokens / elapsed, "itl_p99_ms": pct(gaps, 99) * 1000, "elapsed_s": elapsed,
+       # the same tokens over the time to the last stream's last token: what the readers saw of the rate,
+       # apart from the wait for the final verdicts
+       "tokens_per_s_to_last_token": tokens / (max(last_tokens) - t_start[0]),
+       "done_wait_p50_ms": pct(done_waits, 50) * 1000, "done_wait_max_ms": max(done_waits) * 1000,
        "gc_pause_ms": sum(gc_ms), "gc_full_pause_ms": gc_ms[2]}
 if variant != "bare":
     rt.force_flush(30_000)
@@ -402,6 +417,12 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
         rs = runs[variant]
         out[f"{variant}: tokens/s ratio vs bare"] = _spread(
             [r["tokens_per_s"] / b["tokens_per_s"] for r, b in zip(rs, bare, strict=True)])
+        out[f"{variant}: tokens/s to the last token, ratio"] = _spread(
+            [r["tokens_per_s_to_last_token"] / b["tokens_per_s_to_last_token"]
+             for r, b in zip(rs, bare, strict=True)])
+        p50 = _spread([r["done_wait_p50_ms"] for r in rs], 1)
+        out[f"{variant}: last token to done, p50 / max ms"] = (
+            f"{p50} / {_spread([r['done_wait_max_ms'] for r in rs], 0)}")
         out[f"{variant}: ITL p99 ratio vs bare"] = _spread(
             [r["itl_p99_ms"] / b["itl_p99_ms"] for r, b in zip(rs, bare, strict=True)])
         # what the GC's pauses took from the run against bare's: a stall delays every stream's next token
