@@ -172,7 +172,8 @@ class Settings:
     # taking the app's GIL; 0 = in the judge pool's thread. "auto": the local judge runs in the pool's thread
     # until it is measured to take a noticeable share of the app's CPU, then in one worker process (on one
     # core too: the kernel preempts a niced worker when the app wakes, the GIL does not preempt the pool's
-    # thread). LLM judges wait on the network and stay in-process
+    # thread; not under a cgroup quota of less than two cores, where a worker would spend the app's quota
+    # beside it). LLM judges wait on the network and stay in-process
     judge_processes: int | Literal["auto"] = "auto"
     # the niceness judge worker processes run at (0-19; 0 = the app's own priority): where a worker and the
     # app want the same core, the kernel runs the app first, so a worker judges with CPU the app leaves idle

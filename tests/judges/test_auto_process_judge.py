@@ -50,12 +50,20 @@ async def until_offloaded(j: AutoProcessJudge, probe: EvalInput, timeout: float 
     return out
 
 
-def test_auto_is_the_default_and_wraps_only_the_local_judge() -> None:
+def test_auto_is_the_default_and_wraps_only_the_local_judge_unless_a_small_cgroup_quota_binds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert Settings().judge_processes == "auto"
+    monkeypatch.setattr(_offload, "cgroup_quota", lambda: None)  # one core by affinity or many: a worker
     wrapped = create_judge("local", Settings())
     assert isinstance(wrapped, AutoProcessJudge) and isinstance(wrapped, Judge) and wrapped.name == "local"
     assert isinstance(create_judge(f"{RaisingJudge.__module__}:RaisingJudge", Settings()), RaisingJudge)
     assert isinstance(create_judge("local", Settings(judge_processes=0)), LocalJudge)
+    monkeypatch.setattr(_offload, "cgroup_quota", lambda: 2.0)
+    assert isinstance(create_judge("local", Settings()), AutoProcessJudge)
+    # a worker would spend the same quota beside the app, and a spent quota stops the whole group
+    monkeypatch.setattr(_offload, "cgroup_quota", lambda: 1.5)
+    assert isinstance(create_judge("local", Settings()), LocalJudge)
 
 
 def test_the_meter_wants_a_worker_only_for_a_share_of_a_core_within_one_window(

@@ -408,6 +408,56 @@ def test_a_worker_is_capped_only_under_a_cgroup_quota_of_less_than_two_cores() -
     assert 0.0 <= worker_cpu_cap(s) <= s.judge_cpu_share
 
 
+def test_the_quota_is_the_smallest_along_the_process_cgroup_path(tmp_path: Any) -> None:
+    def write(rel: str, text: str) -> None:
+        f = tmp_path / "fs" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+
+    proc = tmp_path / "cgroup"
+    # v2: a systemd unit under a slice; the root has no cpu.max at all (as on a systemd host)
+    write("system.slice/cpu.max", "150000 100000\n")
+    write("system.slice/app.service/cpu.max", "max 100000\n")
+    proc.write_text("0::/system.slice/app.service\n")
+    assert _process.cgroup_quota(str(proc), str(tmp_path / "fs")) == 1.5
+    write("system.slice/app.service/cpu.max", "50000 100000\n")
+    assert _process.cgroup_quota(str(proc), str(tmp_path / "fs")) == 0.5
+    # v1, a container without a cgroup namespace: its host path is not under the mount, its own cgroup is
+    write("cpu,cpuacct/cpu.cfs_quota_us", "200000\n")
+    write("cpu,cpuacct/cpu.cfs_period_us", "100000\n")
+    proc.write_text("4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n")
+    assert _process.cgroup_quota(str(proc), str(tmp_path / "fs")) == 2.0
+    write("cpu,cpuacct/cpu.cfs_quota_us", "-1\n")  # unlimited
+    assert _process.cgroup_quota(str(proc), str(tmp_path / "fs")) is None
+    assert _process.cgroup_quota(str(tmp_path / "absent"), str(tmp_path / "fs")) is None
+    proc.write_text("0::/../../x\nnot a cgroup line\n")  # odd lines: nothing read outside the mount
+    assert _process.cgroup_quota(str(proc), str(tmp_path / "fs")) is None
+
+
+def test_a_process_in_a_real_cgroup_with_a_quota_sees_it_and_caps_its_worker() -> None:
+    # cgroup v1's cpu controller, writable here as root; elsewhere there is no cgroup of our own to make
+    parent = "/sys/fs/cgroup/cpu"
+    if not (os.path.isfile(f"{parent}/cgroup.procs") and os.access(parent, os.W_OK)):
+        pytest.skip("no writable cgroup v1 cpu hierarchy")
+    group = f"{parent}/streamjudge-test-{os.getpid()}"
+    os.mkdir(group)
+    try:
+        with open(f"{group}/cpu.cfs_quota_us", "w") as f:
+            f.write("50000")  # half a core per 100 ms period
+        code = ("from streamjudge.config import Settings; from streamjudge.judging.judges import _process; "
+                "print(_process.cgroup_quota(), _process.worker_cpu_cap(Settings()))")
+
+        def enter() -> None:
+            with open(f"{group}/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             preexec_fn=enter, check=True)
+        assert out.stdout.split() == ["0.5", "0.15"]
+    finally:
+        os.rmdir(group)  # its one process has exited
+
+
 def _cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()

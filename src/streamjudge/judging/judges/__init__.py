@@ -33,7 +33,8 @@ def create_judge(name: str, settings: Settings, *, tier: Tier = "final") -> Judg
     it in that many worker processes (started now, each building the judge); other judges wait on I/O and
     stay in-process. With ``"auto"`` (the default) the ``local`` judge is returned wrapped in an
     :class:`~streamjudge.judging.judges._offload.AutoProcessJudge`, which starts one worker only once its
-    CPU in this process is measured to weigh on the app (on one core too: workers run niced).
+    CPU in this process is measured to weigh on the app (on one core too, workers run niced; not under a
+    cgroup CPU quota of less than two cores).
     """
     target = _BUILTIN.get(name, name)
     module_name, sep, attr = target.partition(":")

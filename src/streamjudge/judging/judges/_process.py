@@ -88,21 +88,49 @@ _CPU_BURST_S = 0.05
 _SPEC, _CALL = 0, 1
 
 
-def cgroup_quota() -> float | None:
-    """The cgroup CPU quota this process runs under, in cores; None when unlimited or unknown."""
-    # cgroup v2 ("max 100000" or "150000 100000"), then v1
+def cgroup_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """The cgroup CPU quota this process runs under, in cores: the smallest along its cgroup's path (a
+    systemd unit's ``CPUQuota=``, a container's limit, or a parent slice's); None when unlimited or unknown.
+
+    The path comes from ``proc_cgroup`` (cgroup v2's ``0::`` line, v1's ``cpu`` controller), read under
+    ``root`` and each of its parents; a path not under ``root`` (a container without a cgroup namespace,
+    whose own cgroup is mounted at ``root``) leaves ``root`` itself."""
     try:
-        fields = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if len(fields) == 2 and fields[0] != "max":
-            return int(fields[0]) / int(fields[1])
-        return None
-    except (OSError, ValueError, ZeroDivisionError):
-        pass
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        lines = []
+    base = Path(root)
+    quotas: list[float] = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:  # v2 (a hybrid host mounts it at unified/)
+            mounts, files = [base, base / "unified"], ("cpu.max",)
+        elif "cpu" in controllers.split(","):
+            mounts, files = [base / controllers, base / "cpu", base / "cpu,cpuacct"], (
+                "cpu.cfs_quota_us", "cpu.cfs_period_us")
+        else:
+            continue
+        for mount in dict.fromkeys(mounts):  # in order, once each
+            parts = [p for p in path.split("/") if p and p not in (".", "..")]
+            for depth in range(len(parts), -1, -1):
+                quota = _read_quota(mount.joinpath(*parts[:depth]), files)
+                if quota is not None:
+                    quotas.append(quota)
+    return min(quotas) if quotas else None
+
+
+def _read_quota(directory: Path, files: tuple[str, ...]) -> float | None:
     try:
-        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        if files == ("cpu.max",):  # "max 100000" or "150000 100000"
+            fields = (directory / "cpu.max").read_text().split()
+            if len(fields) == 2 and fields[0] != "max":
+                return int(fields[0]) / int(fields[1])
+            return None
+        quota = int((directory / files[0]).read_text())
+        period = int((directory / files[1]).read_text())
         return quota / period if quota > 0 and period > 0 else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, ZeroDivisionError):
         return None
 
 
