@@ -104,31 +104,31 @@ def cgroup_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cg
     for line in lines:
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and not controllers:  # v2 (a hybrid host mounts it at unified/)
-            mounts, files = [base, base / "unified"], ("cpu.max",)
+        v2 = hierarchy == "0" and not controllers
+        if v2:  # a hybrid host mounts it at unified/
+            mounts = [base, base / "unified"]
         elif "cpu" in controllers.split(","):
-            mounts, files = [base / controllers, base / "cpu", base / "cpu,cpuacct"], (
-                "cpu.cfs_quota_us", "cpu.cfs_period_us")
+            mounts = [base / controllers, base / "cpu", base / "cpu,cpuacct"]
         else:
             continue
         for mount in dict.fromkeys(mounts):  # in order, once each
             parts = [p for p in path.split("/") if p and p not in (".", "..")]
             for depth in range(len(parts), -1, -1):
-                quota = _read_quota(mount.joinpath(*parts[:depth]), files)
+                quota = _read_quota(mount.joinpath(*parts[:depth]), v2)
                 if quota is not None:
                     quotas.append(quota)
     return min(quotas) if quotas else None
 
 
-def _read_quota(directory: Path, files: tuple[str, ...]) -> float | None:
+def _read_quota(directory: Path, v2: bool) -> float | None:
     try:
-        if files == ("cpu.max",):  # "max 100000" or "150000 100000"
+        if v2:  # "max 100000" or "150000 100000"
             fields = (directory / "cpu.max").read_text().split()
             if len(fields) == 2 and fields[0] != "max":
                 return int(fields[0]) / int(fields[1])
             return None
-        quota = int((directory / files[0]).read_text())
-        period = int((directory / files[1]).read_text())
+        quota = int((directory / "cpu.cfs_quota_us").read_text())
+        period = int((directory / "cpu.cfs_period_us").read_text())
         return quota / period if quota > 0 and period > 0 else None
     except (OSError, ValueError, ZeroDivisionError):
         return None
