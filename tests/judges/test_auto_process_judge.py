@@ -206,34 +206,6 @@ def test_a_stopped_worker_holds_no_verdict_back_and_is_given_up(eager: None) -> 
     assert children() <= before  # the stopped worker was killed and reaped
 
 
-def test_a_worker_kept_to_a_share_of_a_core_gets_a_bound_longer_by_that_share(
-    eager: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # under a cgroup quota of < 2 cores the worker keeps to judge_cpu_share: its answers legitimately take
-    # longer, so they are not judged in-process (under the app's GIL) at the unscaled bound
-    from streamjudge.judging.judges import _process
-
-    monkeypatch.setattr(_process, "worker_cpu_cap", lambda settings: 0.25)
-    its = items()[:4]
-
-    async def go() -> float:
-        j = create_judge("local", Settings(judge_timeout_s=31.0), tier="checkpoint")  # workers of its own
-        assert isinstance(j, AutoProcessJudge)
-        try:
-            await until_offloaded(j, its[0])
-            (pid,) = j.pids
-            os.kill(pid, signal.SIGSTOP)
-            t0 = time.monotonic()
-            async with asyncio.timeout(20):
-                await asyncio.gather(*(j.evaluate(it, METRICS) for it in its))
-            return time.monotonic() - t0
-        finally:
-            await j.aclose()
-
-    took = asyncio.run(go())
-    assert _offload._SLOW_S / 0.25 * 0.9 < took < _offload._SLOW_S / 0.25 + 3.0, took
-
-
 def test_a_worker_that_cannot_start_is_given_up_and_judging_stays_in_process(
     eager: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,9 +32,8 @@ with a niced worker (all but a few judged; ``bench_scale.py --one-core``).
 Not under a cgroup CPU quota of less than two cores: there a worker runs beside the app on another core and
 spends the same quota, and once it is spent the kernel stops the whole group until the next period.
 Measured, 500 streams at 20 ms/token under a one-core quota on a two-core host: ITL p99 27 ms with the judge
-in-process, 37-55 ms with a worker kept to the pool's CPU share (its start-up alone is a burst) and 53-57 ms
-with one not kept to it. The worker judges with the same deterministic code, so where a call is judged
-never changes its scores.
+in-process, 37-55 ms with a worker kept to the pool's CPU share and 53-57 ms with one not kept to it. The
+worker judges with the same deterministic code, so where a call is judged never changes its scores.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ from collections.abc import Sequence
 from streamjudge._fork import after_fork_in_child
 from streamjudge.config import Settings
 from streamjudge.judging.base import EvalInput, Judge, JudgeError, JudgeResult, TransientJudgeError
-from streamjudge.judging.judges._process import JudgeSpec, ProcessJudge, cgroup_quota
+from streamjudge.judging.judges._process import JudgeSpec, ProcessJudge, cgroup_quota, small_quota
 
 __all__ = ["OFFLOAD_SHARE", "WINDOW_S", "AutoProcessJudge"]
 
@@ -152,9 +151,7 @@ class AutoProcessJudge:
             try:
                 # a worker that is slow to answer (stopped, starved of CPU) must not hold verdicts back
                 # for the judge timeout: past a bound the call is judged here instead
-                # (a worker kept to a share of a core takes longer by that share)
-                async with asyncio.timeout((_SLOW_S + _SLOW_S_PER_CHAR * _size(item))
-                                           / (remote.cpu_cap or 1.0)):
+                async with asyncio.timeout(_SLOW_S + _SLOW_S_PER_CHAR * _size(item)):
                     result = await remote.evaluate(item, metrics)
             except TransientJudgeError:
                 raise
@@ -290,7 +287,6 @@ class AutoProcessJudge:
 
 def auto_judge(name: str, settings: Settings, tier: str, inner: Judge) -> Judge:
     """``inner`` wrapped for ``judge_processes="auto"`` when offloading it can help, else ``inner``."""
-    quota = cgroup_quota()
-    if name != "local" or (quota is not None and quota < 2):
+    if name != "local" or small_quota(cgroup_quota()):
         return inner
     return AutoProcessJudge(inner, JudgeSpec(name, settings, tier))

@@ -59,7 +59,7 @@ from streamjudge._fork import after_fork_in_child
 from streamjudge.config import Settings
 from streamjudge.judging.base import EvalInput, JudgeError, JudgeResult, TransientJudgeError
 
-__all__ = ["PROCESS_JUDGES", "JudgeSpec", "ProcessJudge", "cgroup_quota", "worker_cpu_cap"]
+__all__ = ["PROCESS_JUDGES", "JudgeSpec", "ProcessJudge", "cgroup_quota", "small_quota", "worker_cpu_cap"]
 
 _log = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ def cgroup_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cg
     for line in lines:
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
+        parts = [p for p in path.split("/") if p and p not in (".", "..")]
         v2 = hierarchy == "0" and not controllers
         if v2:  # a hybrid host mounts it at unified/
             mounts = [base, base / "unified"]
@@ -112,7 +113,6 @@ def cgroup_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cg
         else:
             continue
         for mount in dict.fromkeys(mounts):  # in order, once each
-            parts = [p for p in path.split("/") if p and p not in (".", "..")]
             for depth in range(len(parts), -1, -1):
                 quota = _read_quota(mount.joinpath(*parts[:depth]), v2)
                 if quota is not None:
@@ -134,6 +134,12 @@ def _read_quota(directory: Path, v2: bool) -> float | None:
         return None
 
 
+def small_quota(quota: float | None) -> bool:
+    """Whether a cgroup quota (in cores, None = none) is under two cores: a worker beside the app would
+    spend the quota the app needs, and a spent quota stops the whole group until the next period."""
+    return quota is not None and quota < 2
+
+
 def worker_cpu_cap(settings: Settings, quota: float | None = None) -> float:
     """Most of one core's time a judge worker may use; 0 = no cap (the kernel's priorities decide).
 
@@ -141,7 +147,7 @@ def worker_cpu_cap(settings: Settings, quota: float | None = None) -> float:
     when None): a worker's CPU counts against the quota, and the idle CPU niceness lets it use could be
     the quota the app needs later in the same period."""
     quota = cgroup_quota() if quota is None else quota
-    if quota is None or quota >= 2 or not 0.0 < settings.judge_cpu_share < 1.0:
+    if not small_quota(quota) or not 0.0 < settings.judge_cpu_share < 1.0:
         return 0.0
     return settings.judge_cpu_share
 
@@ -183,11 +189,6 @@ class ProcessJudge:
     def in_flight(self) -> int:
         """Calls sent to the workers and not answered yet (all judges of this worker set)."""
         return self._group.in_flight
-
-    @property
-    def cpu_cap(self) -> float:
-        """Most of a core each worker uses (0 = no cap; see :func:`worker_cpu_cap`)."""
-        return self._group.cpu_cap
 
     async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
         """Score ``item`` in a worker. Raises :class:`JudgeError` when the worker died or is unavailable."""
@@ -252,8 +253,7 @@ class _WorkerGroup:
         self.size = processes
         self._hang_s = hang_s
         self._nice = nice
-        #: most of a core each worker may use (0 = no cap): a call's bound for an answer scales with it
-        self.cpu_cap = cpu_cap
+        self._cpu_cap = cpu_cap  # most of a core each worker may use (0 = no cap)
         self._specs: list[JudgeSpec] = []
         self._users = 0
         self._stopped = False
@@ -503,7 +503,7 @@ class _WorkerGroup:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-c", boot, json.dumps(path), str(req_r), str(rep_w), str(self._nice),
-                 repr(self.cpu_cap)],
+                 repr(self._cpu_cap)],
                 pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL, close_fds=True,
             )
         except OSError as exc:
