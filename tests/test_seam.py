@@ -469,6 +469,69 @@ def test_a_sampled_out_stream_splits_no_sentences_and_holds_nothing_back(harness
     assert stream.attributes[semconv.STREAM_ANSWER].strip() == answer
 
 
+class _Chunk:
+    def __init__(self, content: str) -> None:
+        self.content = content
+
+
+# plain ASCII runs broken by every kind of token the guard has to decode or skip: the sampled-out driver
+# appends plain tokens itself and hands the rest to the session, and the two must interleave in order
+_MIXED: tuple[Any, ...] = (
+    "The ", "sky ", "", None, "is ", b"caf\xc3", b"\xa9 ", "blue. ", "Gr\u00fcn ", "\ud800 ", _Chunk("chunk "),
+    "grass", " is", " green.", bytearray(b" Water "), "is ", "", "wet.",
+)
+
+
+async def _tokens(items: Sequence[Any]) -> AsyncIterator[Any]:
+    for t in items:
+        yield t
+
+
+def _stream_figures(harness: Harness, sample_rate: float) -> tuple[list[str], dict[str, Any]]:
+    harness.configure(SentenceJudge(), sample_rate=sample_rate, preflight=False)
+    events = _consume(streamjudge.guard(_tokens(_MIXED), question="sky", contexts=CONTEXTS))
+    (stream,) = [s for s in harness.spans() if s.name == semconv.SPAN_STREAM]
+    attrs = stream.attributes
+    assert attrs is not None
+    keys = (semconv.STREAM_TOKENS, semconv.STREAM_CHARS, semconv.STREAM_ANSWER, semconv.STREAM_SKIPPED_TOKENS)
+    figures = {k: attrs.get(k) for k in keys}
+    figures["first_token_events"] = sum(e.name == semconv.EVENT_FIRST_TOKEN for e in stream.events)
+    figures["ttft"] = semconv.STREAM_TTFT_MS in attrs
+    return [e.text for e in events if e.type == "token"], figures
+
+
+def test_a_sampled_out_stream_passes_every_kind_of_token_as_a_judged_one_does(harness: Harness) -> None:
+    judged_tokens, judged = _stream_figures(harness, 1.0)
+    tokens, figures = _stream_figures(harness, 0.0)
+    assert tokens == judged_tokens
+    assert "".join(tokens) == judged[semconv.STREAM_ANSWER]
+    assert figures == judged
+    assert figures[semconv.STREAM_TOKENS] == len(tokens) and figures["first_token_events"] == 1
+    assert figures[semconv.STREAM_SKIPPED_TOKENS] == 1  # the None (an empty string is no token at all)
+
+
+def test_a_sampled_out_stream_left_mid_answer_counts_what_it_sent(harness: Harness) -> None:
+    harness.configure(SentenceJudge(), sample_rate=0.0, preflight=False)
+    words = [f"w{i} " for i in range(50)]
+
+    async def go() -> list[str]:
+        got: list[str] = []
+        stream = streamjudge.guard(_tokens(words), question="sky", contexts=CONTEXTS).__aiter__()
+        async for ev in stream:
+            got.append(ev.text)
+            if len(got) == 20:
+                break
+        await stream.aclose()  # type: ignore[attr-defined]  # the client went away
+        return got
+
+    got = asyncio.run(go())
+    (stream,) = [s for s in harness.spans() if s.name == semconv.SPAN_STREAM]
+    assert stream.attributes is not None
+    assert stream.attributes[semconv.STREAM_OUTCOME] == "disconnected"
+    assert stream.attributes[semconv.STREAM_TOKENS] == 20
+    assert stream.attributes[semconv.STREAM_ANSWER] == "".join(got)
+
+
 class _Raises:
     name = "raises"
 

@@ -227,9 +227,38 @@ class GuardedStream:
                     await waker.wait(nxt, deadline - loop.time())
                     for ev in s.drain():
                         yield ev
-            pending = s._pending  # the set itself: its truthiness is the cheapest "verdicts in flight?"
             accept = s.accept
             new_event = _new_event
+            if nxt is None and not s.judging and not hold and not s.stopped and not s.has_events:
+                # nothing will judge this stream (sampled out, skipped at start), so no verdict can come
+                # and a token needs no more than the text kept for the answer span: after the first one
+                # (which accept() times) a plain token is a list append here, not a call into the session
+                # and its windows. With hundreds of streams live, every object a token touches is likely
+                # out of the CPU's cache, so touching none of them is most of the saving
+                sink: list[str] | None = None
+                plain = 0  # tokens appended to the sink and not yet counted by the session
+                try:
+                    async for tok in source:
+                        if sink is not None and tok.__class__ is str and tok and tok.isascii():
+                            sink.append(tok)
+                            plain += 1
+                            yield new_event(StreamEvent, ("token", tok, None))
+                            continue
+                        s.passed(plain)
+                        plain = 0
+                        try:
+                            text = accept(tok)
+                        except Exception:  # as below: pass the stream through
+                            _log.exception("streamjudge: guard failed on a token; passing it through")
+                            text = tok if isinstance(tok, str) else None
+                        if sink is None:
+                            sink = s.passthrough_sink()
+                        if text is not None:
+                            yield new_event(StreamEvent, ("token", text, None))
+                finally:
+                    s.passed(plain)
+                source = _EXHAUSTED  # the source ended: the loop below goes straight to the end
+            pending = s._pending  # the set itself: its truthiness is the cheapest "verdicts in flight?"
             broken = False
             while True:  # one round per token source: the app's, then each regeneration's
                 while True:
@@ -479,6 +508,21 @@ class _SyncToAsync:
 
     async def aclose(self) -> None:
         _close_sync(self._it)
+
+
+class _Exhausted:
+    """A token source that has ended (what a driver reads from once the app's source ended)."""
+
+    __slots__ = ()
+
+    def __aiter__(self) -> _Exhausted:
+        return self
+
+    async def __anext__(self) -> Any:
+        raise StopAsyncIteration
+
+
+_EXHAUSTED = _Exhausted()
 
 
 async def _aclose(source: AsyncIterator[Any]) -> None:

@@ -393,6 +393,20 @@ class GuardSession:
             self._close_checkpoint(end)
         return token  # type: ignore[no-any-return]
 
+    def passthrough_sink(self) -> list[str] | None:
+        """For a stream nothing will judge (sampled out, or skipped at start), once its first token was
+        accepted: the list a driver may append each plain token's text to instead of calling
+        :meth:`accept` (no verdict can come, so there is nothing else to do per token). The driver
+        reports how many it appended with :meth:`passed`. None for any other stream."""
+        if self._judging or self.hold_back or not self._stats.tokens or self.has_events or self.stopped:
+            return None
+        windows = self._windows
+        return windows.sink if isinstance(windows, Transcript) else None
+
+    def passed(self, tokens: int) -> None:
+        """``tokens`` plain tokens were appended to :meth:`passthrough_sink`'s list."""
+        self._stats.tokens += tokens
+
     def drain(self) -> list[StreamEvent]:
         """Events ready now: warnings, retractions, stops, tokens released in hold-back mode."""
         self.has_events = False

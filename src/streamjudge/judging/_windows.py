@@ -188,26 +188,32 @@ class Transcript(Windows):
     """The answer of a stream that is not judged (sampled out): tokens kept for the answer span, no
     sentence splitting and no windows, so such a stream costs a list append per token."""
 
-    __slots__ = ("_all", "_length")
+    __slots__ = ("_all",)
 
     def __init__(self) -> None:  # no sentence buffer, no policy
         self._all: list[str] = []
-        self._length = 0
         self.start = 0
         self.held = []  # never holds tokens back: nothing to scan
 
     @property
     def length(self) -> int:
-        return self._length
+        # asked for once, at the end: a running count would be work on every token
+        return sum(map(len, self._all))
+
+    @property
+    def sink(self) -> list[str]:
+        """The list the tokens are kept in: a driver may append a token's text to it instead of
+        calling :meth:`feed` (the same effect, without a call per token)."""
+        return self._all
 
     def text(self) -> str:
         if len(self._all) > 1:
+            # in place: the list stays the one :attr:`sink` handed out
             self._all[:] = ["".join(self._all)]
         return self._all[0] if self._all else ""
 
     def feed(self, token: str) -> int:
         self._all.append(token)
-        self._length += len(token)
         return -1
 
     def flush(self) -> int:
