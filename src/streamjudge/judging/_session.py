@@ -132,7 +132,9 @@ class GuardSession:
         #: tokens are released only after their window passed (drivers must not emit them themselves)
         self.hold_back = s.mode == "hold_back"
         self._requests = StreamRequests(s, self.post, coalesce=not self.hold_back)
-        self._windows = Windows(s.window_sentences, s.window_chars, s.checkpoint_every)
+        # the sentence windows are made by start() once it knows the stream is judged: until then the answer
+        # is only kept (a sampled-out stream never builds a sentence buffer)
+        self._windows: Windows = Transcript()
         self._text = TokenText(self._record_skip)
         self._order = ReleaseOrder()
         self._stats = _Stats()
@@ -301,8 +303,9 @@ class GuardSession:
         span.set_attributes(late)
         if not self._judging:
             # nothing will be judged: no sentence splitting, no windows, nothing held back
-            self._windows = Transcript()
             self.hold_back = False
+        else:
+            self._windows = Windows(settings.window_sentences, settings.window_chars, settings.checkpoint_every)
         self._hold_tokens()
         if self._judging:
             self._opened = True
