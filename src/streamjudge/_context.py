@@ -11,22 +11,19 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from streamjudge._fork import after_fork_in_child
 
 
-@dataclass(frozen=True, slots=True)
-class TraceInputs:
-    """What is known about a trace's RAG inputs so far."""
+class TraceInputs(NamedTuple):
+    """What is known about a trace's RAG inputs so far (a named tuple: one is made per stream, and a frozen
+    dataclass's constructor sets each field through ``object.__setattr__``)."""
 
     question: str | None = None
     contexts: tuple[str, ...] | None = None
     reference: str | None = None
     session_id: str | None = None
-
-
-_EMPTY = TraceInputs()
 
 
 class ContextStore:
@@ -64,19 +61,27 @@ class ContextStore:
         the one the generator saw.
         """
         now = time.monotonic()
+        ctx = tuple(contexts) if contexts is not None else None
         with self._lock:
-            old = self._data.pop(trace_id, (now, _EMPTY))[1]
-            self._chars -= _chars(old)
-            # constructed, not dataclasses.replace() (which walks the fields first): once per stream
-            new = TraceInputs(
-                question=question if question is not None else old.question,
-                contexts=tuple(contexts) if contexts is not None else old.contexts,
-                reference=reference if reference is not None else old.reference,
-                session_id=session_id if session_id is not None else old.session_id,
-            )
-            self._data[trace_id] = (now, new)
+            item = self._data.pop(trace_id, None)
+            if item is None:  # the usual case: the trace's first registration
+                new = TraceInputs(question, ctx, reference, session_id)
+            else:
+                old = item[1]
+                self._chars -= _chars(old)
+                new = TraceInputs(
+                    question if question is not None else old.question,
+                    ctx if ctx is not None else old.contexts,
+                    reference if reference is not None else old.reference,
+                    session_id if session_id is not None else old.session_id,
+                )
+            data = self._data
+            data[trace_id] = (now, new)
             self._chars += _chars(new)
-            self._evict(now)
+            # entries are in registration order: the oldest is the first to expire
+            if (len(data) > self._max or self._chars > self._max_chars
+                    or now - next(iter(data.values()))[0] > self._ttl):
+                self._evict(now)
             return new
 
     def get(self, trace_id: int) -> TraceInputs | None:
@@ -119,8 +124,8 @@ class ContextStore:
 
 
 def _chars(inputs: TraceInputs) -> int:
-    return (len(inputs.question or "") + sum(len(c) for c in inputs.contexts or ())
-            + len(inputs.reference or ""))
+    question, contexts, reference, _session = inputs
+    return len(question or "") + (sum(map(len, contexts)) if contexts else 0) + len(reference or "")
 
 
 _default = ContextStore()

@@ -56,8 +56,11 @@ def children() -> set[int]:
     """This process's child processes (zombies included: a child not yet reaped is still listed)."""
     out: set[int] = set()
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/children") as f:
-            out.update(int(p) for p in f.read().split())
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                out.update(int(p) for p in f.read().split())
+        except FileNotFoundError:  # the thread ended since the listing (the hold-timeout sweeper does)
+            continue
     return out
 
 

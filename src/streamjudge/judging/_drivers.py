@@ -36,7 +36,9 @@ class _LoopBell:
     __slots__ = ("__weakref__", "_due", "_lock", "_loop", "_ringing")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # weakly: the bell is the value of its loop's entry in a WeakKeyDictionary, and a value that held
+        # its key would keep every loop that ever ran a guarded stream (each ``asyncio.run``) alive
+        self._loop = weakref.ref(loop)
         self._due: list[AsyncWaker] = []
         self._ringing = False
         self._lock = threading.Lock()
@@ -48,8 +50,11 @@ class _LoopBell:
             if self._ringing:
                 return  # a wake-up is scheduled and has not taken the list yet: it wakes this one too
             self._ringing = True
+        loop = self._loop()
         try:
-            self._loop.call_soon_threadsafe(self._run)
+            if loop is None:
+                raise RuntimeError("the loop is gone")
+            loop.call_soon_threadsafe(self._run)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             with self._lock:
                 self._ringing = False

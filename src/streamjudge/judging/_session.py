@@ -126,17 +126,19 @@ class GuardSession:
         self.reference = reference
         self._regenerate = regenerate
         self._name = name or semconv.SPAN_STREAM
-        self._attributes = dict(attributes or {})
+        self._attributes = dict(attributes) if attributes else None
         self._parent = context
         s = self.settings
         #: tokens are released only after their window passed (drivers must not emit them themselves)
         self.hold_back = s.mode == "hold_back"
-        self._requests = StreamRequests(s, self.post, coalesce=not self.hold_back)
+        # made by start() for a judged stream: a sampled-out one never asks the judging service anything,
+        # and each of these per-stream objects is one more for the cyclic GC to track while it is live
+        self._requests: StreamRequests | None = None
         # the sentence windows are made by start() once it knows the stream is judged: until then the answer
         # is only kept (a sampled-out stream never builds a sentence buffer)
         self._windows: Windows = Transcript()
-        self._text = TokenText(self._record_skip)
-        self._order = ReleaseOrder()
+        self._text: TokenText | None = None  # made by the first token that is not plain ASCII text
+        self._order = ReleaseOrder() if self.hold_back else None  # hold-back releases windows in order
         self._stats = _Stats()
         self._verdict = "unjudged"
         self._judging = True  # decided once at start: sampling, content size
@@ -146,7 +148,7 @@ class GuardSession:
         self._window_start_ns = 0
         self._checkpoints: dict[int, _Checkpoint] = {}
         self._pending = self._checkpoints  # its truthiness is the drivers' "verdicts in flight?"
-        self._good = PassedPrefix()
+        self._good: PassedPrefix | None = None  # made by start() for a judged stream
         self._failed = False  # a sentence failed since the last regeneration
         self._skips: dict[str, int] = {}
         # set by an event-loop driver: schedules a callback for after the current token went out
@@ -159,7 +161,7 @@ class GuardSession:
         self._to_send: list[tuple[Window, int, int, bool]] = []
         self._preflight_due: JudgeRequest | None = None  # made, not sent yet (see _preflight)
         # verdicts from the pool's thread
-        self._inbox: deque[Verdict] = deque()
+        self._inbox: deque[Verdict] | None = None  # made by start() for a judged stream
         self._notify: Callable[[], None] | None = None
         self._out: list[StreamEvent] = []
         self.has_events = False
@@ -174,6 +176,8 @@ class GuardSession:
         self._span: trace.Span | None = None
         self._span_id = 0
         self._trace_id = 0
+        self._session_id: str | None = None
+        self._late: dict[str, AttributeValue] = {}  # start()'s attributes, set by finish() with its own
         self._recording = False
         self._stream_hex = ""
         # when generation was requested (time to first token counts from here); default: start()
@@ -219,7 +223,10 @@ class GuardSession:
             ok = r is not None and verdict.status == "judged"
             self._set_final(JudgeResult(r.judge, verdict.scores, r.usage) if ok and r else None)
             return
-        self._inbox.append(verdict)
+        inbox = self._inbox
+        if inbox is None:  # a verdict for a stream that asked for none: keep it anyway (one poster thread)
+            inbox = self._inbox = deque()
+        inbox.append(verdict)
         self.has_events = True
         notify = self._notify
         if notify is not None:
@@ -257,8 +264,9 @@ class GuardSession:
             semconv.OPENINFERENCE_SPAN_KIND: semconv.OPENINFERENCE_KIND_CHAIN,
             semconv.STREAM_MODE: settings.mode,
             semconv.STREAM_ACTION: settings.action,
-            **self._attributes,
         }
+        if self._attributes:
+            attrs.update(self._attributes)
         span = backend.tracer.start_span(self._name, context=self._parent, attributes=attrs,
                                          start_time=self._start_ns)
         self._span = span
@@ -269,8 +277,9 @@ class GuardSession:
         # counts as sampled out, decided here once, so nothing waits for verdicts and nothing is held
         self._recording = span.is_recording()
         self._stream_hex = format(ctx.span_id, "016x")
-        # set in one call at the end: each set_attribute takes the span's lock and builds a dict
-        late: dict[str, AttributeValue] = {semconv.STREAM_ID: self._stream_hex}
+        # set with the end-of-stream attributes, in finish()'s one call: each call takes the span's lock and
+        # cleans its mapping (nothing reads them off a live span; a span is exported once ended)
+        late = self._late = {semconv.STREAM_ID: self._stream_hex}
         stream_started(self._trace_id, self)
         stored = None
         if self.question is not None or self.contexts is not None or self.reference is not None:
@@ -285,7 +294,7 @@ class GuardSession:
             self.reference = self.reference if self.reference is not None else stored.reference
             if stored.session_id:
                 late[semconv.SESSION_ID] = stored.session_id
-        self._requests.bind(span, stored.session_id if stored is not None else None)
+        self._session_id = stored.session_id if stored is not None else None
         if self.question is not None and settings.capture_content:
             late[semconv.STREAM_QUESTION] = late[semconv.INPUT_VALUE] = self.question
         if not self._recording or not backend.service.sampled(self._trace_id):
@@ -300,12 +309,15 @@ class GuardSession:
             late[semconv.EVAL_SKIP_REASON] = "contexts_too_large"
         if self.contexts is not None:
             late[semconv.STREAM_CONTEXT_COUNT] = len(self.contexts)
-        span.set_attributes(late)
         if not self._judging:
             # nothing will be judged: no sentence splitting, no windows, nothing held back
             self.hold_back = False
         else:
-            self._windows = Windows(settings.window_sentences, settings.window_chars, settings.checkpoint_every)
+            s = settings
+            self._windows = Windows(s.window_sentences, s.window_chars, s.checkpoint_every)
+            self._inbox = deque()
+            self._good = PassedPrefix()
+            self._requests_of()
         self._hold_tokens()
         if self._judging:
             self._opened = True
@@ -324,12 +336,20 @@ class GuardSession:
             return
         had = self.contexts is not None
         self.contexts = tuple(contexts)
-        self._span.set_attribute(semconv.STREAM_CONTEXT_COUNT, len(self.contexts))
+        self._late[semconv.STREAM_CONTEXT_COUNT] = len(self.contexts)
         if not had and self.settings.preflight and self._judging and not self._stats.tokens:
             self._preflight()
 
+    def _requests_of(self) -> StreamRequests:
+        requests = self._requests
+        if requests is None:
+            requests = self._requests = StreamRequests(self.settings, self.post, coalesce=not self.hold_back)
+            if self._span is not None:
+                requests.bind(self._span, self._session_id)
+        return requests
+
     def _request(self, kind: EvalKind, text: str, **where: Any) -> JudgeRequest:
-        return self._requests.make(kind, text, question=self.question, contexts=self.contexts,
+        return self._requests_of().make(kind, text, question=self.question, contexts=self.contexts,
                                    reference=self.reference, **where)
 
     def _preflight(self) -> None:
@@ -374,7 +394,7 @@ class GuardSession:
     def accept(self, token: Any) -> str | None:
         """Record one token; return its text, or None when it was skipped (None, empty, undecodable)."""
         if token.__class__ is not str or not token.isascii():
-            token = self._text.text(token)
+            token = self._token_text().text(token)
             if not token:
                 return None
         elif not token:
@@ -425,7 +445,7 @@ class GuardSession:
     def close_tail(self) -> None:
         """End of the token source: flush the tail sentence and close the last checkpoint."""
         self._scan_held()
-        tail = self._text.tail()
+        tail = self._text.tail() if self._text is not None else ""
         if tail:
             self._stats.tokens += 1
             end = self._windows.feed(tail)
@@ -453,8 +473,9 @@ class GuardSession:
         summary = self._summary(outcome)
         st = self._stats
         limit = self.settings.max_text_attribute_chars
-        # one call for all of them: each set_attribute takes the span's lock and builds a dict
-        attrs: dict[str, AttributeValue] = {
+        # one call for all of them, start()'s included: each call takes the span's lock and cleans a mapping
+        attrs = self._late
+        attrs.update({
             semconv.STREAM_TOKENS: st.tokens,
             semconv.STREAM_CHARS: len(text),
             semconv.STREAM_CHECKPOINTS: self._next_index,
@@ -462,8 +483,8 @@ class GuardSession:
             semconv.STREAM_VERDICT: summary["verdict"],
             semconv.STREAM_OUTCOME: outcome,
             semconv.STREAM_REGENERATIONS: st.regenerations,
-        }
-        if self._text.skipped:
+        })
+        if self._text is not None and self._text.skipped:
             attrs[semconv.STREAM_SKIPPED_TOKENS] = self._text.skipped
         attrs.update(skip_attributes(self._skips))
         if st.ttft_ms is not None:
@@ -558,7 +579,8 @@ class GuardSession:
         self._good = PassedPrefix(len(prefix))
         self._failed = False
         # hold-back: the retracted windows were never released; the new ones are released from here
-        self._order.restart(self._next_index)
+        if self._order is not None:
+            self._order.restart(self._next_index)
         return req
 
     def open_regeneration(self, req: RegenerateRequest) -> TokenSource:
@@ -683,7 +705,7 @@ class GuardSession:
         self._stats.judged_any = True
         failed = v.failed if not self._skip_checks else ()
         if not self._failed:
-            self._good.mark(v.start, passed_until(v))
+            self._passed().mark(v.start, passed_until(v))
         if not failed:
             if self._verdict == "unjudged":
                 self._verdict = "pass"
@@ -698,7 +720,7 @@ class GuardSession:
         self._failed = True
         score = v.failed[0]
         action = self.settings.action
-        data = warning_data(v, score, self._requests.threshold(score.name), action)
+        data = warning_data(v, score, self._requests_of().threshold(score.name), action)
         if st.first_alert_char is None:
             st.first_alert_char = data["char_end"]
         if self._span is not None:
@@ -736,13 +758,13 @@ class GuardSession:
     def _start_regeneration(self, v: Verdict) -> None:
         self._verdict = "regenerated"
         text = self._windows.text()
-        keep = self._good.end
+        keep = self._passed().end
         while keep > 0 and text[keep - 1].isspace():
             keep -= 1  # the continuation brings its own separator
         shown = len(text)
         if self.hold_back:
             # nothing past the last released window was shown, and what was not shown is not kept either
-            shown = self._order.released_end
+            shown = self._release_order().released_end
             keep = min(keep, shown)
         if shown > keep:
             self._emit(StreamEvent("retract", text[keep:shown], {"from": keep, "to": shown,
@@ -778,7 +800,25 @@ class GuardSession:
         cp_tokens, cp.tokens = cp.tokens, None
         if cp_tokens is None:
             return
-        self._emit_tokens(self._order.release(cp.index, cp.end, cp_tokens))
+        self._emit_tokens(self._release_order().release(cp.index, cp.end, cp_tokens))
+
+    def _token_text(self) -> TokenText:
+        text = self._text
+        if text is None:
+            text = self._text = TokenText(self._record_skip)
+        return text
+
+    def _passed(self) -> PassedPrefix:
+        good = self._good
+        if good is None:
+            good = self._good = PassedPrefix()
+        return good
+
+    def _release_order(self) -> ReleaseOrder:
+        order = self._order
+        if order is None:
+            order = self._order = ReleaseOrder()
+        return order
 
     def _emit_tokens(self, tokens: list[str]) -> None:
         out = self._out
@@ -793,7 +833,7 @@ class GuardSession:
 
     def _take(self) -> list[StreamEvent]:
         out, self._out = self._out, []
-        if self.regen_request is not None or self._inbox:
+        if self.regen_request is not None or self._inbox:  # None or empty: nothing more waits
             self.has_events = True
         return out
 
