@@ -94,3 +94,29 @@ def test_checkpoint_requests_never_carry_the_running_text(harness: Harness) -> N
     # running text, and together the checkpoints carry the answer once
     assert max(len(s.attributes[semconv.CHECKPOINT_TEXT]) for s in cps) <= MAX_JOINED_CHARS
     assert sum(len(s.attributes[semconv.CHECKPOINT_TEXT]) for s in cps) <= 200_000 + 1_000
+
+
+def test_an_event_loop_that_ran_guarded_streams_is_freed_once_it_is_gone(harness: Harness) -> None:
+    # each loop gets one wake-up bell (kept in a table weakly keyed by its loop); a bell that held its loop
+    # kept every ``asyncio.run`` of a guarded stream alive for the life of the process
+    import gc
+    import weakref
+
+    harness.configure(SlowishJudge(), preflight=False, end_wait_s=0.5)
+
+    async def run() -> None:
+        async for _ in guard(_tokens(2_000), question="q", contexts=["The tower is 330 metres tall."]):
+            pass
+
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+    for _ in range(3):
+        loop = asyncio.new_event_loop()
+        loops.append(weakref.ref(loop))
+        try:
+            loop.run_until_complete(run())
+        finally:
+            loop.close()
+        del loop
+    harness.spans()
+    gc.collect()
+    assert [ref() for ref in loops] == [None, None, None]
