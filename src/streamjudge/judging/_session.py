@@ -182,6 +182,7 @@ class GuardSession:
         self._stream_hex = ""
         # when generation was requested (time to first token counts from here); default: start()
         self._start_ns = start_time_ns or 0
+        self._first_ns = 0  # when the first token came (its span event is added by finish)
         self._finished = False
         self._opened = False  # counted by the service's stream_opened (closed in finish)
         self._probe: LoopProbe | None = None  # what stream_opened returned: its loop's lateness probe
@@ -496,6 +497,8 @@ class GuardSession:
         if not ended_well:
             attrs[semconv.EVAL_SKIP_REASON] = outcome
         span.set_attributes(attrs)
+        if self._first_ns:
+            span.add_event(semconv.EVENT_FIRST_TOKEN, timestamp=self._first_ns)
         if not ended_well:
             span.set_status(Status(StatusCode.ERROR, f"stream {outcome}"))
         service = self._backend.service
@@ -591,10 +594,10 @@ class GuardSession:
     # --- internals ----------------------------------------------------------------------------------
 
     def _first_token(self) -> None:
-        now = time.time_ns()
+        # its span event is added at the end, with this timestamp: made here, on the first token's path, it
+        # would be an event, its attributes and a lock more for the GC to track through the whole stream
+        now = self._first_ns = time.time_ns()
         self._stats.ttft_ms = round((now - self._start_ns) / 1e6, 3)
-        if self._span is not None:
-            self._span.add_event(semconv.EVENT_FIRST_TOKEN, timestamp=now)
 
     def _close_checkpoint(self, end: int, final: bool = False) -> None:
         window = self._windows.cut(end)
