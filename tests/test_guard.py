@@ -747,3 +747,111 @@ def test_verdicts_for_many_streams_posted_together_wake_their_loop_once() -> Non
     first, total = asyncio.run(main())
     assert first == 1
     assert total == 2
+
+
+# --- the source is asked for its first token before the stream opens -----------------------------------
+
+
+def test_the_source_is_asked_for_its_first_token_before_the_stream_span_is_made(harness: Harness) -> None:
+    rt = harness.configure(SyncKeywordJudge(), preflight_action="warn")
+    order: list[str] = []
+    submit = rt.service.submit
+
+    def recording(request: Any) -> Any:
+        order.append(request.item.kind)
+        return submit(request)
+
+    rt.service.submit = recording  # type: ignore[method-assign]
+    holder: list[Any] = []
+    asked_ns: list[int] = []
+
+    async def thinking() -> AsyncIterator[str]:
+        asked_ns.append(time.time_ns())
+        order.append("asked" if holder[0].session.span is None else "asked after the span")
+        await asyncio.sleep(0.05)  # the model's time to first token
+        for w in GOOD.split(" "):
+            order.append("token")
+            yield w + " "
+
+    stream = guard(thinking(), question="unrelated", contexts=CONTEXTS)
+    holder.append(stream)
+    events = run(stream)
+    # the span is made (and the gate's request sent) while the model works on its first token, not before
+    # the request for it
+    assert order[:2] == ["asked", "preflight"] and order[2] == "token"
+    assert text_of(events) == "".join(w + " " for w in GOOD.split(" "))
+    span = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    # its start and the time to first token still count from the request for that token
+    assert span.start_time <= asked_ns[0]
+    assert span.attributes[semconv.STREAM_TTFT_MS] >= 50
+    first = [e for e in span.events if e.name == semconv.EVENT_FIRST_TOKEN]
+    assert len(first) == 1 and first[0].timestamp - span.start_time >= 50_000_000
+
+
+def test_a_source_that_fails_before_its_first_token_still_has_its_stream_span(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge(), preflight=False)
+
+    async def failing() -> AsyncIterator[str]:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("model down")
+        yield "never"  # pragma: no cover
+
+    with pytest.raises(RuntimeError, match="model down"):
+        run(guard(failing(), question="q", contexts=CONTEXTS))
+    span = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert span.attributes[semconv.STREAM_OUTCOME] == "error"
+    assert span.attributes[semconv.STREAM_TOKENS] == 0
+    assert any(e.name == "exception" for e in span.events)
+
+
+def test_a_client_that_leaves_before_the_first_token_ends_the_stream_as_disconnected(harness: Harness) -> None:
+    harness.configure(SyncKeywordJudge(), preflight=False)
+
+    async def slow() -> AsyncIterator[str]:
+        await asyncio.sleep(5)
+        yield "late"  # pragma: no cover
+
+    async def leave() -> None:
+        task = asyncio.ensure_future(run_async(guard(slow(), question="q", contexts=CONTEXTS)))
+        await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(leave())
+    span = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert span.attributes[semconv.STREAM_OUTCOME] == "disconnected"
+
+
+async def run_async(stream: Any) -> list[StreamEvent]:
+    return [ev async for ev in stream]
+
+
+def test_an_app_guarded_answer_is_claimed_before_its_source_runs(harness: Harness) -> None:
+    # zero-code wrappers learn that the app guards this answer itself before the source's first step can
+    # reach the model (whose tap would otherwise open a second session for it)
+    from streamjudge.judging import _backend
+
+    rt = harness.configure(SyncKeywordJudge(), preflight=False)
+    claims: list[tuple[int, bool]] = []
+    holder: list[Any] = []
+
+    def listener(trace_id: int, session: object) -> None:
+        claims.append((trace_id, bool(holder) and holder[0].session.span is not None))
+
+    _backend.on_stream_start(listener)
+    try:
+        async def source() -> AsyncIterator[str]:
+            claims.append((-1, False))  # the source's first step
+            await asyncio.sleep(0.01)
+            yield "The sky is blue. "
+
+        with rt.tracer.start_as_current_span("request") as request:
+            stream = guard(source(), question="q", contexts=CONTEXTS)
+            holder.append(stream)
+            run(stream)
+            trace_id = request.get_span_context().trace_id
+    finally:
+        _backend._listeners.remove(listener)
+    # the claim names the request's trace, and comes before the source's first step and the stream's span
+    assert claims[0] == (trace_id, False) and claims[1] == (-1, False)

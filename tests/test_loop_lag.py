@@ -147,6 +147,9 @@ def test_a_judged_stream_is_probed_on_its_loop_while_it_streams(harness: Harness
     during: list[bool] = []
 
     async def tokens() -> AsyncIterator[str]:
+        # the stream opens (and its loop's probe with it) while the source works on its first token: a model
+        # answers after a wait, and the stream's start runs in it
+        await asyncio.sleep(0)
         for word in ("The sky is blue. ", "It is day. "):
             during.append(any(p.serving for p in list(lag._probes.values())))
             yield word

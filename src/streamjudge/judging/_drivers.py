@@ -204,8 +204,46 @@ class GuardedStream:
         slow = False  # measured while verdicts are in flight
         timer = 1  # tokens until the next timed one: the first token awaited with verdicts in flight
         nxt_started = 0.0
+        first: Any = _NO_TOKEN  # the source's first token, when it was asked for before start()
+        opened: list[list[StreamEvent] | Exception] = []  # start()'s events (or its failure), once it ran
+        late = s.prepare_late_start()
+
+        def open_stream(at_once: bool) -> None:
+            if opened:
+                return
+            try:
+                opened.append(s.start())
+            except Exception as exc:  # raised in the driver, as a start() there would
+                if not at_once:
+                    raise
+                opened.append(exc)
+                return
+            if at_once:
+                # run by the loop while the source works on its first token: the pre-flight request start()
+                # made goes out now, not after that token
+                while deferred:
+                    deferred.pop()()
+
         try:
-            for ev in s.start():
+            if late:
+                # the source is asked for its first token before the stream's span and its inputs are made:
+                # that work (~0.1 ms) then runs while the model works on the token instead of before the
+                # request for it, and streams that start together do not queue their first tokens behind
+                # each other's start
+                opening = call_soon(open_stream, True)
+                try:
+                    first = await source.__anext__()
+                except StopAsyncIteration:
+                    source = _EXHAUSTED
+                finally:
+                    opening.cancel()
+                    open_stream(False)  # the source had its token at hand, or failed: start() runs now
+                events = opened[0]
+                if isinstance(events, Exception):
+                    raise events
+            else:
+                events = s.start()
+            for ev in events:
                 yield ev
             hold = s.hold_back  # decided by start(): an unjudged stream holds nothing back
             if s.preflight_blocks and not s.stopped:
@@ -215,7 +253,7 @@ class GuardedStream:
                     await waker.wait(None, deadline - loop.time())
                     for ev in s.drain():
                         yield ev
-            if s.preflight_pending and not s.stopped:
+            if s.preflight_pending and not s.stopped and not late:
                 nxt = asyncio.ensure_future(anext(source))
                 if deferred:
                     # the pre-flight request, after the source task's first step: out at once while the
@@ -242,6 +280,16 @@ class GuardedStream:
                 # out of the CPU's cache, so touching none of them is most of the saving
                 sink: list[str] | None = None
                 plain = 0  # tokens appended to the sink and not yet counted by the session
+                if first is not _NO_TOKEN:
+                    tok, first = first, _NO_TOKEN
+                    try:
+                        text = accept(tok)
+                    except Exception:  # as below: pass the stream through
+                        _log.exception("streamjudge: guard failed on a token; passing it through")
+                        text = tok if isinstance(tok, str) else None
+                    sink = s.passthrough_sink()
+                    if text is not None:
+                        yield new_event(StreamEvent, ("token", text, None))
                 try:
                     async for tok in source:
                         if sink is not None and tok.__class__ is str and tok and tok.isascii():
@@ -280,7 +328,9 @@ class GuardedStream:
                             continue
                     if s.stopped:
                         break
-                    if not pending and nxt is None and not s.preflight_pending:
+                    if first is not _NO_TOKEN:  # asked for before start(): it is the first one through
+                        tok, first = first, _NO_TOKEN
+                    elif not pending and nxt is None and not s.preflight_pending:
                         # the fast path: nothing in flight, just the next token
                         if deferred:
                             call_soon(deferred.pop())
@@ -528,6 +578,7 @@ class _Exhausted:
 
 
 _EXHAUSTED = _Exhausted()
+_NO_TOKEN: Any = object()  # no token waits to go through (a source may yield None: it is a token here)
 
 
 async def _aclose(source: AsyncIterator[Any]) -> None:

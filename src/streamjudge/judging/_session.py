@@ -328,6 +328,24 @@ class GuardSession:
                 self._preflight()
         return self._take()
 
+    def prepare_late_start(self) -> bool:
+        """Whether a driver may ask its source for the first token before :meth:`start`, which it then
+        calls as soon as its loop runs (or on that token). Not where the pre-flight gate may stop the
+        answer or its checks before the first token is asked for (``stop``, ``skip_checks``). When it may,
+        the stream's start time is taken now, and instrumentation is told now that the app guards this
+        answer itself: the source's first step may reach the model already, whose tap must not open a
+        second session for it."""
+        s = self.settings
+        if self._span is not None or (s.preflight and s.preflight_action in ("stop", "skip_checks")):
+            return False
+        self._start_ns = self._start_ns or time.time_ns()
+        # a stream under a span (the request's) is in that span's trace; a root stream's trace is new,
+        # and nothing can be bound to it yet
+        parent = trace.get_current_span(self._parent).get_span_context()
+        if parent.is_valid:
+            stream_started(parent.trace_id, self)
+        return True
+
     def set_inputs(self, *, question: str | None = None, contexts: Sequence[str] | None = None) -> None:
         """Inputs learnt after :meth:`start` (contexts retrieved inside the answer node, before its first
         token): used from the next checkpoint on, and the pre-flight gate runs now if it could not before."""
