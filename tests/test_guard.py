@@ -17,7 +17,7 @@ from streamjudge.judging._drivers import _GAP_SAMPLE as _GAP
 from streamjudge.judging._windows import MAX_JOINED_CHARS
 from streamjudge.judging.guard import GuardSession
 from streamjudge.sentences import Sentence, SentenceBuffer, split_sentences
-from test_seam import MARK, SentenceJudge
+from test_seam import MARK, SentenceJudge, _tokens
 
 CONTEXTS = ["The sky is blue. Grass is green. Water is wet."]
 GOOD = "The sky is blue. Grass is green. Water is wet. The sky is blue again. "
@@ -855,3 +855,59 @@ def test_an_app_guarded_answer_is_claimed_before_its_source_runs(harness: Harnes
         _backend._listeners.remove(listener)
     # the claim names the request's trace, and comes before the source's first step and the stream's span
     assert claims[0] == (trace_id, False) and claims[1] == (-1, False)
+
+
+def test_a_verdict_that_lands_during_a_burst_is_acted_on_before_the_next_token(harness: Harness) -> None:
+    """A burst's tokens skip the per-token checks (the session holds them for the loop's next pass); a
+    verdict posted by the pool's thread meanwhile still stops the stream before the token after it."""
+    # the verdict lands a few tokens into the burst
+    harness.configure(KeywordJudge(delay_s=0.05), action="stop", window_sentences=1, preflight=False)
+    pulled = 0
+
+    async def source() -> AsyncIterator[str]:
+        nonlocal pulled
+        yield "Then HALLUCINATED facts appear. "
+        yield "Grass "  # the failing sentence is complete: its window closes
+        await asyncio.sleep(0)  # the loop's pass sends it to the judge
+        yield "is green. "
+        yield "Water "  # closes the next window: its tokens are held from here, a burst
+        for i in range(200):
+            pulled += 1
+            time.sleep(0.01)  # no loop pass, the pool's thread answers meanwhile
+            yield f"w{i} "
+
+    events = run(guard(source(), question="sky", contexts=CONTEXTS))
+    types = [e.type for e in events]
+    assert "stop" in types
+    assert types[types.index("stop") + 1 :] == ["done"]  # no token after the stop
+    assert 1 < pulled < 200  # the stop came mid-burst, not at its start or end
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.STREAM_TOKENS] == types.count("token")
+
+
+@pytest.mark.parametrize("leave_at", [None, 40])
+def test_a_judged_burst_counts_and_keeps_every_token_it_sent(harness: Harness, leave_at: int | None) -> None:
+    """Tokens at hand are held for the loop's next pass and appended by the driver: the stream span
+    counts each one and its answer is what the client got, whether it read to the end or left."""
+    harness.configure(SentenceJudge())
+    words_ = [f"w{i}{'.' if i % 9 == 8 else ''} " for i in range(100)]
+
+    async def go() -> list[str]:
+        got: list[str] = []
+        stream = guard(_tokens(words_), question="sky", contexts=CONTEXTS).__aiter__()
+        async for ev in stream:
+            if ev.type == "token":
+                got.append(ev.text)
+            if len(got) == leave_at:
+                break
+        await stream.aclose()  # type: ignore[attr-defined]
+        return got
+
+    got = asyncio.run(go())
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.STREAM_TOKENS] == len(got) == (leave_at or len(words_))
+    assert stream.attributes[semconv.STREAM_ANSWER] == "".join(got)
+    assert stream.attributes[semconv.STREAM_OUTCOME] == ("disconnected" if leave_at else "completed")
+    if leave_at is None:  # every sentence reached a checkpoint
+        cps = by_name(harness.spans(), semconv.SPAN_CHECKPOINT)
+        assert max(c.attributes[semconv.CHECKPOINT_CHAR_END] for c in cps) == len("".join(words_))

@@ -207,6 +207,7 @@ class GuardedStream:
         first: Any = _NO_TOKEN  # the source's first token, when it was asked for before start()
         opened: list[list[StreamEvent] | Exception] = []  # start()'s events (or its failure), once it ran
         late = s.prepare_late_start()
+        burst = 0  # tokens appended to the session's held list by the main loop, not yet counted by it
 
         def open_stream(at_once: bool) -> None:
             if opened:
@@ -313,6 +314,7 @@ class GuardedStream:
                 source = _EXHAUSTED  # the source ended: the loop below goes straight to the end
             pending = s._pending  # the set itself: its truthiness is the cheapest "verdicts in flight?"
             broken = False
+            timed = False  # the session has counted (and timed) a first token
             while True:  # one round per token source: the app's, then each regeneration's
                 while True:
                     if s.has_events:
@@ -325,6 +327,7 @@ class GuardedStream:
                             await _aclose(source)
                             source = _to_async(s.open_regeneration(s.begin_regeneration()))
                             pending = s._pending
+                            first = _NO_TOKEN  # a token of the retracted answer
                             continue
                     if s.stopped:
                         break
@@ -387,6 +390,37 @@ class GuardedStream:
                         if isinstance(tok, str) and tok:
                             yield new_event(StreamEvent, ("token", tok, None))
                         continue
+                    if s._holding and timed and tok.__class__ is str and tok and tok.isascii():
+                        # a burst: the session holds its tokens for the scan its deferred work runs on the
+                        # loop's next pass (see GuardSession.accept), so a token of it needs nothing else
+                        # until then: the burst's plain tokens are appended here, as a stream nothing judges
+                        # passes its tokens, without a call into the session or this loop's checks per
+                        # token. It ends with the pass (the source awaited the loop: the session no longer
+                        # holds), a verdict (which the round below drains before the token that saw it), a
+                        # token of another kind, or the source's end
+                        held: list[str] = s._held  # type: ignore[assignment]
+                        held.append(tok)
+                        burst = 1
+                        yield new_event(StreamEvent, ("token", tok, None))
+                        if deferred:
+                            call_soon(deferred.pop())  # the pass that ends the burst runs the deferred work
+                        tok = _NO_TOKEN
+                        async for tok in source:
+                            if (tok.__class__ is str and tok and tok.isascii() and s._holding
+                                    and not s.has_events):
+                                held.append(tok)
+                                burst += 1
+                                yield new_event(StreamEvent, ("token", tok, None))
+                                continue
+                            break
+                        else:
+                            tok = _NO_TOKEN
+                        s.passed(burst)
+                        burst = 0
+                        if tok is _NO_TOKEN:
+                            break  # the source ended
+                        first = tok  # the token that ended the burst goes through on the next round
+                        continue
                     try:
                         text = accept(tok)
                     except Exception:  # our bug must not break the user's stream: pass tokens through
@@ -394,6 +428,8 @@ class GuardedStream:
                         broken = True
                         text = tok if isinstance(tok, str) else None
                         hold = False
+                    else:
+                        timed = timed or text is not None  # the first token counted: accept() timed it
                     if text is not None and not hold:
                         # tuple.__new__ skips NamedTuple's Python-level __new__: this runs per token
                         yield new_event(StreamEvent, ("token", text, None))
@@ -420,9 +456,11 @@ class GuardedStream:
             for ev in s.finish(outcome):
                 yield ev
         except (GeneratorExit, asyncio.CancelledError):
+            s.passed(burst)
             s.abort("disconnected")
             raise
         except BaseException as exc:
+            s.passed(burst)
             s.abort("error", exc)
             raise
         finally:
