@@ -392,3 +392,27 @@ def test_force_flush_is_woken_when_the_pool_is_idle_not_per_job() -> None:
     assert cb.statuses() == ["judged"] * 40
     assert 1 <= wakes <= 2, f"{wakes} wake-ups for 40 jobs"
     pool.shutdown()
+
+
+def test_cancel_stream_cancels_a_job_taken_from_the_queue_but_not_started_yet() -> None:
+    """The pool's thread takes a job off the queue, then starts its task: a stream cancelled in between
+    (its client left) still has that job cancelled, instead of judged for as long as the judge takes."""
+    pool = JudgePool(concurrency=1)
+    cb = Collector()
+    counts: list[int] = []
+    take = pool._pop
+
+    def take_then_cancel() -> JudgeJob | None:
+        got = take()
+        if got is not None:
+            counts.append(pool.cancel_stream(got.stream_key))  # the app's thread, at the worst moment
+        return got
+
+    pool._pop = take_then_cancel  # type: ignore[method-assign]
+    t0 = time.monotonic()
+    pool.submit(job(KeywordJudge(delay_s=5.0), cb, stream_key=9))
+    assert pool.force_flush(10_000)
+    assert time.monotonic() - t0 < 3.0
+    assert counts == [1]
+    assert cb.statuses() == ["cancelled"]
+    pool.shutdown()

@@ -188,6 +188,10 @@ class JudgePool:
         self._admission = Admission(sample_rate=rate, per_stream_budget=per_stream,
                                     global_budget_per_minute=per_minute)
         self._running: dict[asyncio.Task[None], JudgeJob] = {}
+        # the job the pool's thread took from the queue and has not started yet, and whether its stream was
+        # cancelled meanwhile: neither queued nor running, it would be missed by cancel_stream
+        self._taken: JudgeJob | None = None
+        self._cancel_taken = False
         self._active = 0  # taken off the queue (or decided at submit), outcome not yet delivered
         self._deferred: deque[tuple[JudgeJob, JobOutcome]] = deque()
         self._closed = False
@@ -350,6 +354,9 @@ class JudgePool:
             self._queued -= len(cancelled)
             self._queued_bytes -= sum(j.size for j in cancelled)
             running = [t for t, j in self._running.items() if j.stream_key == stream_key]
+            taken = self._taken is not None and self._taken.stream_key == stream_key
+            if taken:
+                self._cancel_taken = True  # cancelled as soon as its task exists (see _dispatch)
             loop = self._loop
         for job in cancelled:
             self._finish(job, JobOutcome("cancelled"))
@@ -357,7 +364,7 @@ class JudgePool:
             with contextlib.suppress(RuntimeError):  # the pool shut down meanwhile: nothing runs
                 for task in running:
                     loop.call_soon_threadsafe(task.cancel)
-        return len(cancelled) + len(running)
+        return len(cancelled) + len(running) + taken
 
     # --- worker (pool thread) --------------------------------------------------------------------
 
@@ -409,6 +416,8 @@ class JudgePool:
                 self._active += 1
                 if self._coalescable.get(job.stream_key) is slot:
                     del self._coalescable[job.stream_key]
+                self._taken = job
+                self._cancel_taken = False
                 return job
             return None
 
@@ -480,6 +489,8 @@ class JudgePool:
             self._last_work = now
             if now - job.enqueued_at > self._max_queue_wait_s:
                 sem.release()
+                with self._lock:
+                    self._taken = None
                 self._finish(job, JobOutcome("timeout", error="waited in queue past its deadline"))
                 with self._lock:
                     self._active -= 1
@@ -488,7 +499,11 @@ class JudgePool:
             task = asyncio.get_running_loop().create_task(self._run(job))
             with self._lock:
                 self._running[task] = job
+                self._taken = None
+                cancel, self._cancel_taken = self._cancel_taken, False
             task.add_done_callback(lambda t, s=sem: self._task_done(t, s))  # type: ignore[misc]
+            if cancel:  # its stream was cancelled between the queue and here: it never starts
+                task.cancel()
 
     def _task_done(self, task: asyncio.Task[None], sem: asyncio.Semaphore) -> None:
         sem.release()
