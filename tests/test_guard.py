@@ -911,3 +911,26 @@ def test_a_judged_burst_counts_and_keeps_every_token_it_sent(harness: Harness, l
     if leave_at is None:  # every sentence reached a checkpoint
         cps = by_name(harness.spans(), semconv.SPAN_CHECKPOINT)
         assert max(c.attributes[semconv.CHECKPOINT_CHAR_END] for c in cps) == len("".join(words_))
+
+
+def test_a_source_that_fails_mid_burst_counts_the_tokens_it_sent(harness: Harness) -> None:
+    harness.configure(SentenceJudge())
+
+    async def source() -> AsyncIterator[str]:
+        for i in range(30):
+            yield f"w{i}{'.' if i % 9 == 8 else ''} "
+        raise RuntimeError("model connection reset")
+
+    got: list[str] = []
+
+    async def go() -> None:
+        async for ev in guard(source(), question="sky", contexts=CONTEXTS):
+            if ev.type == "token":
+                got.append(ev.text)
+
+    with pytest.raises(RuntimeError, match="connection reset"):
+        asyncio.run(go())
+    stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert stream.attributes[semconv.STREAM_OUTCOME] == "error"
+    assert stream.attributes[semconv.STREAM_TOKENS] == len(got) == 30
+    assert stream.attributes[semconv.STREAM_ANSWER] == "".join(got)

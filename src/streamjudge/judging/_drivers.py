@@ -314,7 +314,6 @@ class GuardedStream:
                 source = _EXHAUSTED  # the source ended: the loop below goes straight to the end
             pending = s._pending  # the set itself: its truthiness is the cheapest "verdicts in flight?"
             broken = False
-            timed = False  # the session has counted (and timed) a first token
             while True:  # one round per token source: the app's, then each regeneration's
                 while True:
                     if s.has_events:
@@ -390,14 +389,15 @@ class GuardedStream:
                         if isinstance(tok, str) and tok:
                             yield new_event(StreamEvent, ("token", tok, None))
                         continue
-                    if s._holding and timed and tok.__class__ is str and tok and tok.isascii():
+                    if s._holding and tok.__class__ is str and tok and tok.isascii() and s._stats.tokens:
                         # a burst: the session holds its tokens for the scan its deferred work runs on the
                         # loop's next pass (see GuardSession.accept), so a token of it needs nothing else
                         # until then: the burst's plain tokens are appended here, as a stream nothing judges
                         # passes its tokens, without a call into the session or this loop's checks per
-                        # token. It ends with the pass (the source awaited the loop: the session no longer
-                        # holds), a verdict (which the round below drains before the token that saw it), a
-                        # token of another kind, or the source's end
+                        # token (its first token went through accept(), which timed it). It ends with the
+                        # pass (the source awaited the loop: the session no longer holds), a verdict (which
+                        # the round below drains before the token that saw it), a token of another kind, or
+                        # the source's end
                         held: list[str] = s._held  # type: ignore[assignment]
                         held.append(tok)
                         burst = 1
@@ -428,8 +428,6 @@ class GuardedStream:
                         broken = True
                         text = tok if isinstance(tok, str) else None
                         hold = False
-                    else:
-                        timed = timed or text is not None  # the first token counted: accept() timed it
                     if text is not None and not hold:
                         # tuple.__new__ skips NamedTuple's Python-level __new__: this runs per token
                         yield new_event(StreamEvent, ("token", text, None))
