@@ -934,3 +934,28 @@ def test_a_source_that_fails_mid_burst_counts_the_tokens_it_sent(harness: Harnes
     assert stream.attributes[semconv.STREAM_OUTCOME] == "error"
     assert stream.attributes[semconv.STREAM_TOKENS] == len(got) == 30
     assert stream.attributes[semconv.STREAM_ANSWER] == "".join(got)
+
+
+def test_a_regeneration_asked_for_mid_burst_drops_the_token_that_saw_the_verdict(harness: Harness) -> None:
+    """The verdict lands during a burst: the token pulled with it belongs to the retracted answer, so the
+    regenerated answer starts with its own first token, not with that one."""
+    harness.configure(KeywordJudge(delay_s=0.05), action="regenerate", window_sentences=1, preflight=False)
+
+    async def source() -> AsyncIterator[str]:
+        yield "Then HALLUCINATED facts appear. "
+        yield "Grass "  # the failing sentence is complete: its window closes
+        await asyncio.sleep(0)  # the loop's pass sends it to the judge
+        yield "is green. "
+        yield "Water "  # closes the next window: its tokens are held from here, a burst
+        for i in range(200):
+            time.sleep(0.01)  # no loop pass, the pool's thread answers meanwhile
+            yield f"w{i} "
+
+    def regenerate(req: RegenerateRequest) -> AsyncIterator[str]:
+        return _aiter(["Fixed", " answer."])
+
+    events = run(guard(source(), question="sky", contexts=CONTEXTS, regenerate=regenerate))
+    types = [e.type for e in events]
+    assert "retract" in types
+    after = [e.text for e in events[types.index("retract") + 1 :] if e.type == "token"]
+    assert after == ["Fixed", " answer."]
