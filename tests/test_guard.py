@@ -857,30 +857,31 @@ def test_an_app_guarded_answer_is_claimed_before_its_source_runs(harness: Harnes
     assert claims[0] == (trace_id, False) and claims[1] == (-1, False)
 
 
+async def _burst_after_a_failing_sentence(pulled: list[int]) -> AsyncIterator[str]:
+    """A failing sentence, sent to the judge on a loop pass, then a long burst (no loop pass) during which
+    its verdict lands; ``pulled`` gets one entry per burst token asked for."""
+    yield "Then HALLUCINATED facts appear. "
+    yield "Grass "  # the failing sentence is complete: its window closes
+    await asyncio.sleep(0)  # the loop's pass sends it to the judge
+    yield "is green. "
+    yield "Water "  # closes the next window: its tokens are held from here, a burst
+    for i in range(200):
+        pulled.append(i)
+        time.sleep(0.01)  # no loop pass, the pool's thread answers meanwhile
+        yield f"w{i} "
+
+
 def test_a_verdict_that_lands_during_a_burst_is_acted_on_before_the_next_token(harness: Harness) -> None:
     """A burst's tokens skip the per-token checks (the session holds them for the loop's next pass); a
     verdict posted by the pool's thread meanwhile still stops the stream before the token after it."""
     # the verdict lands a few tokens into the burst
     harness.configure(KeywordJudge(delay_s=0.05), action="stop", window_sentences=1, preflight=False)
-    pulled = 0
-
-    async def source() -> AsyncIterator[str]:
-        nonlocal pulled
-        yield "Then HALLUCINATED facts appear. "
-        yield "Grass "  # the failing sentence is complete: its window closes
-        await asyncio.sleep(0)  # the loop's pass sends it to the judge
-        yield "is green. "
-        yield "Water "  # closes the next window: its tokens are held from here, a burst
-        for i in range(200):
-            pulled += 1
-            time.sleep(0.01)  # no loop pass, the pool's thread answers meanwhile
-            yield f"w{i} "
-
-    events = run(guard(source(), question="sky", contexts=CONTEXTS))
+    pulled: list[int] = []
+    events = run(guard(_burst_after_a_failing_sentence(pulled), question="sky", contexts=CONTEXTS))
     types = [e.type for e in events]
     assert "stop" in types
     assert types[types.index("stop") + 1 :] == ["done"]  # no token after the stop
-    assert 1 < pulled < 200  # the stop came mid-burst, not at its start or end
+    assert 1 < len(pulled) < 200  # the stop came mid-burst, not at its start or end
     stream = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
     assert stream.attributes[semconv.STREAM_TOKENS] == types.count("token")
 
@@ -941,20 +942,11 @@ def test_a_regeneration_asked_for_mid_burst_drops_the_token_that_saw_the_verdict
     regenerated answer starts with its own first token, not with that one."""
     harness.configure(KeywordJudge(delay_s=0.05), action="regenerate", window_sentences=1, preflight=False)
 
-    async def source() -> AsyncIterator[str]:
-        yield "Then HALLUCINATED facts appear. "
-        yield "Grass "  # the failing sentence is complete: its window closes
-        await asyncio.sleep(0)  # the loop's pass sends it to the judge
-        yield "is green. "
-        yield "Water "  # closes the next window: its tokens are held from here, a burst
-        for i in range(200):
-            time.sleep(0.01)  # no loop pass, the pool's thread answers meanwhile
-            yield f"w{i} "
-
     def regenerate(req: RegenerateRequest) -> AsyncIterator[str]:
         return _aiter(["Fixed", " answer."])
 
-    events = run(guard(source(), question="sky", contexts=CONTEXTS, regenerate=regenerate))
+    events = run(guard(_burst_after_a_failing_sentence([]), question="sky", contexts=CONTEXTS,
+                       regenerate=regenerate))
     types = [e.type for e in events]
     assert "retract" in types
     after = [e.text for e in events[types.index("retract") + 1 :] if e.type == "token"]
