@@ -74,3 +74,34 @@ def test_concurrent_requests_sharing_a_client_traceparent_are_judged_apart(
         _check(harness, app, {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"})
     finally:
         uninstrument_app(app)
+
+
+def test_a_stream_opening_in_one_request_does_not_claim_the_other_requests_stream(harness: Harness) -> None:
+    """Two requests of one shared trace: the first one's answer opens its session while the second one's
+    answer node has not started yet (the second was bound last, so it is the trace's latest binding). The
+    first session's start must not mark the second stream as guarded by the application, or the second
+    answer is never judged and leaves no stream span (seen when the first request streamed sooner)."""
+    import contextvars
+
+    from streamjudge.instrumentation._binding import StreamBinding, bind, unbind
+
+    rt = harness.configure(None, end_wait_s=0.0)
+    with rt.tracer.start_as_current_span("shared") as parent:
+        trace_id = parent.get_span_context().trace_id
+        first, second = contextvars.copy_context(), contextvars.copy_context()
+        a = first.run(lambda: StreamBinding(trace_id, owner="http"))
+        b = second.run(lambda: StreamBinding(trace_id, owner="http"))
+        first.run(bind, a)
+        second.run(bind, b)  # the trace's latest binding
+        try:
+            first.run(a.open, "graph")
+            first.run(a.feed, "The Eiffel Tower is in Paris.", "graph")
+            assert a.session is not None
+            assert b.source is None, "the first request's stream claimed the second one's"
+            # the application guarding an answer itself, in the second request, still claims that stream
+            second.run(lambda: list(streamjudge.guard(iter(["x"]), question="q", contexts=["c"])))
+            assert b.source == "app"
+        finally:
+            first.run(a.finish)
+            first.run(unbind, a)
+            second.run(unbind, b)

@@ -234,8 +234,12 @@ def lookup(trace_id: int) -> StreamBinding | None:
 def claim_for_app(trace_id: int, session: object) -> None:
     """A guarded stream started in ``trace_id`` that is not a binding's own: the application guards that
     answer itself, so the body wrapper and the model tap must not judge it a second time."""
-    binding = _bindings.get(trace_id)
-    if binding is None or getattr(_opening, "binding", None) is binding:
+    if getattr(_opening, "binding", None) is not None:
+        return  # a binding opening its own session (a wrapper's, not the application's guard)
+    # the request's own binding first: with two requests sharing a client's traceparent, the trace's latest
+    # binding may be the other request's, whose answer would then never be judged (its node not started yet)
+    binding = lookup(trace_id)
+    if binding is None:
         return
     with binding._lock:
         if binding.session is None and binding.source is None:
