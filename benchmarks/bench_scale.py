@@ -39,6 +39,8 @@ Printed per N: tokens/s ratio (over the whole run, the streams' ``done`` include
 the last token, apart from the wait for the final verdicts, with that wait's p50 and max) and ITL p99
 ratio against bare, checkpoints judged / superseded (merged into a
 newer request, which judges their sentences too) / dropped or not judged, judge checkpoints per second, the
+CPU per token of the app's process (its loop, the guard's spans and requests, the judge pool's thread) and
+of the judge's worker processes (where the judging cost lands, and what it competes with), the
 cyclic GC's pauses during the run (all generations, and in brackets the whole-heap ones: a pause stops
 every stream, so it shows in the ratio as it is), and the spread (min-max) over repeats.
 """
@@ -142,15 +144,38 @@ def gc_timer(phase, info):
     else:
         gc_ms[info["generation"]] += (time.thread_time() - gc_t0[0]) * 1000
 
+import os
+
+def workers_cpu_s():
+    # CPU seconds of this process's children (the judge's workers) so far, from /proc (they are alive, so
+    # RUSAGE_CHILDREN would not count them yet)
+    tick, me, total = os.sysconf("SC_CLK_TCK"), str(os.getpid()), 0.0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and pid != me:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me:
+                total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
 gc.callbacks.append(gc_timer)
+# the split of a judged run's cost: this process's CPU (the loop, the guard's spans and requests, and the
+# pool's thread) against its workers' (the judging itself, when auto's worker took it); a worker that
+# started during the run counts its start too
+app_c0, workers_c0 = time.process_time(), workers_cpu_s()
 elapsed = asyncio.run(main())
+app_cpu, workers_cpu = time.process_time() - app_c0, workers_cpu_s() - workers_c0
 gc.callbacks.remove(gc_timer)
 out = {"tokens_per_s": tokens / elapsed, "itl_p99_ms": pct(gaps, 99) * 1000, "elapsed_s": elapsed,
        # the same tokens over the time to the last stream's last token: what the readers saw of the rate,
        # apart from the wait for the final verdicts
        "tokens_per_s_to_last_token": tokens / (max(last_tokens) - t_start[0]),
        "done_wait_p50_ms": pct(done_waits, 50) * 1000, "done_wait_max_ms": max(done_waits) * 1000,
-       "gc_pause_ms": sum(gc_ms), "gc_full_pause_ms": gc_ms[2]}
+       "gc_pause_ms": sum(gc_ms), "gc_full_pause_ms": gc_ms[2],
+       "app_cpu_us_per_token": app_cpu / tokens * 1e6, "workers_cpu_us_per_token": workers_cpu / tokens * 1e6}
 if variant != "bare":
     rt.force_flush(30_000)
     out["judged"] = statuses.get("judged", 0)
@@ -410,6 +435,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
         "bare tokens/s": _spread([r["tokens_per_s"] for r in bare], 0),
         "bare ITL p99 ms": _spread([r["itl_p99_ms"] for r in bare], 2),
         "bare GC pauses ms (whole heap)": _gc(bare),
+        "bare CPU us/token": _spread([r["app_cpu_us_per_token"] for r in bare], 1),
     }
     for variant in runs:
         if variant == "bare":
@@ -425,6 +451,10 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
             f"{p50} / {_spread([r['done_wait_max_ms'] for r in rs], 0)}")
         out[f"{variant}: ITL p99 ratio vs bare"] = _spread(
             [r["itl_p99_ms"] / b["itl_p99_ms"] for r, b in zip(rs, bare, strict=True)])
+        # where the CPU went, per token: the app's process (bare's loop included) and the judge's workers
+        out[f"{variant}: CPU us/token, app process / workers"] = (
+            f"{_spread([r['app_cpu_us_per_token'] for r in rs], 1)} / "
+            f"{_spread([r['workers_cpu_us_per_token'] for r in rs], 1)}")
         # what the GC's pauses took from the run against bare's: a stall delays every stream's next token
         out[f"{variant}: GC pauses ms (whole heap)"] = _gc(rs)
         for key in ("judged", "superseded", "not_judged", "checkpoints_per_s", "offloaded"):
