@@ -161,3 +161,27 @@ def test_a_judged_stream_is_probed_on_its_loop_while_it_streams(harness: Harness
     asyncio.run(main())
     assert during == [True, True]
     assert not any(p.serving for p in list(lag._probes.values()))
+
+
+def test_a_throttled_dispatcher_wakes_with_room_for_several_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its burst, the dispatcher sleeps until the debt is below the burst by a margin: woken right at the
+    line, every queued job would get a sleep of its own (and a worker its own pipe write per call)."""
+    from streamjudge.judging import pool as pool_module
+
+    pool = JudgePool(cpu_share=0.15, cpu_burst_s=0.05)
+    slept: list[float] = []
+
+    async def fake_sleep(delay: float) -> None:
+        slept.append(delay)
+
+    try:
+        monkeypatch.setattr(pool_module.asyncio, "sleep", fake_sleep)
+        pool._cpu_seen, pool._cpu_at = time.thread_time(), time.monotonic()
+        pool._cpu_debt = 0.05 + 0.001  # a millisecond past the burst
+        asyncio.run(pool._throttle())
+        assert len(slept) == 1
+        # the debt paid off while asleep: the millisecond over the burst and the margin below it
+        assert slept[0] * 0.15 >= 0.001 + pool_module._RESUME_S - 1e-4
+        assert pool_module._RESUME_S >= 0.001
+    finally:
+        pool.shutdown(1000)

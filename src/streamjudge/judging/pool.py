@@ -45,6 +45,13 @@ _POLL_S = 0.001  # the idle dispatcher's polling period while it lingers
 # a step while every loop keeps time, halve it (down to the floor) when one runs late
 _ADAPT_S = 0.05
 _SHARE_STEP = 0.1
+# a throttled dispatcher sleeps until its debt is this much below the burst, not just back at it: it then
+# starts the several jobs queued meanwhile in one pass, whose calls to a worker process go out in one write
+# and come back together. Woken at the burst line it started one job per sleep, and each job paid its own
+# pipe write, reply read and loop passes: measured, 2000 checkpoints queued with the judge in one worker,
+# the pool thread's CPU per call 290-430 -> 150-225 us and checkpoints/s 1.7-2.4x at the same share. Short
+# enough that the jobs run back to back hold the GIL for less than one switch interval
+_RESUME_S = 0.002
 
 
 @dataclass(slots=True)
@@ -442,7 +449,7 @@ class JudgePool:
         self._cpu_debt = max(0.0, self._cpu_debt - (now - self._cpu_at) * share)
         self._cpu_at = now
         if self._cpu_debt > self._cpu_burst:
-            await asyncio.sleep((self._cpu_debt - self._cpu_burst) / share)
+            await asyncio.sleep((self._cpu_debt - self._cpu_burst + _RESUME_S) / share)
 
     async def _dispatch(self) -> None:
         assert self._wake is not None
