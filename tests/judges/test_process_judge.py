@@ -569,3 +569,19 @@ def test_results_cross_the_pipe_unchanged_and_stay_frozen() -> None:
         with pytest.raises(dataclasses.FrozenInstanceError):
             back.scores[0].value = 1.0  # type: ignore[misc]
     assert copy.deepcopy(result) == result and dataclasses.replace(result, judge="x").scores == result.scores
+
+
+def test_a_worker_starts_without_the_sdk_and_still_gives_a_judge_the_whole_package() -> None:
+    """The worker's boot skips the package's __init__ (the instrumentation, the OpenTelemetry SDK: imports a
+    worker does not use, and a slower start under load); a judge asking the package for one of its names
+    gets it."""
+    async def go() -> None:
+        judge = ProcessJudge(JudgeSpec("judges.lean_worker_judge:ModulesJudge", Settings()), processes=1)
+        try:
+            result = await judge.evaluate(EvalInput(QUESTION, CONTEXTS, "x"), ("sdk_at_build", "whole_package"))
+        finally:
+            await judge.aclose()
+        scores = {s.name: s.value for s in result.scores}
+        assert scores == {"sdk_at_build": 0.0, "whole_package": 1.0}
+
+    asyncio.run(go())
