@@ -45,12 +45,13 @@ _POLL_S = 0.001  # the idle dispatcher's polling period while it lingers
 # a step while every loop keeps time, halve it (down to the floor) when one runs late
 _ADAPT_S = 0.05
 _SHARE_STEP = 0.1
-# a throttled dispatcher sleeps until its debt is this much below the burst, not just back at it: it then
-# starts the several jobs queued meanwhile in one pass, whose calls to a worker process go out in one write
-# and come back together. Woken at the burst line it started one job per sleep, and each job paid its own
-# pipe write, reply read and loop passes: measured, 2000 checkpoints queued with the judge in one worker,
-# the pool thread's CPU per call 290-430 -> 150-225 us and checkpoints/s 1.7-2.4x at the same share. Short
-# enough that the jobs run back to back hold the GIL for less than one switch interval
+# for a judge whose calls go out in batches (``batches_calls``: a worker process's), a throttled dispatcher
+# sleeps until its debt is this much below the burst, not just back at it: it then starts the several jobs
+# queued meanwhile in one pass, whose calls go out in one pipe write and come back together. Woken at the
+# burst line it started one job per sleep, and each job paid its own write, reply read and loop passes:
+# measured, 2000 checkpoints queued with the judge in one worker, the pool thread's CPU per call 290-430 ->
+# 150-225 us and checkpoints/s 1.7-2.4x at the same share. A judge in this thread gains nothing from it
+# (each call is its own CPU) and would hold the GIL for several calls in a row: it keeps waking at the line
 _RESUME_S = 0.002
 
 
@@ -126,6 +127,7 @@ class JudgePool:
         self._cpu_share = cpu_share if 0.0 < cpu_share < 1.0 else 0.0
         self._cpu_share_max = min(max(cpu_share_max, self._cpu_share), 0.95) if self._cpu_share else 0.0
         self._cpu_burst = cpu_burst_s
+        self._resume_s = 0.0  # _RESUME_S while the last job's judge batches its calls
         # a loop is late when a timer runs later than two GIL switch intervals: one is what any thread
         # that computes makes a waking loop wait (the app's own included), more is a backlog
         self._lag_limit_s = max(0.01, 2 * sys.getswitchinterval())
@@ -449,7 +451,7 @@ class JudgePool:
         self._cpu_debt = max(0.0, self._cpu_debt - (now - self._cpu_at) * share)
         self._cpu_at = now
         if self._cpu_debt > self._cpu_burst:
-            await asyncio.sleep((self._cpu_debt - self._cpu_burst + _RESUME_S) / share)
+            await asyncio.sleep((self._cpu_debt - self._cpu_burst + self._resume_s) / share)
 
     async def _dispatch(self) -> None:
         assert self._wake is not None
@@ -494,6 +496,7 @@ class JudgePool:
                 job = self._pop()
             now = time.monotonic()
             self._last_work = now
+            self._resume_s = _RESUME_S if getattr(job.judge, "batches_calls", False) else 0.0
             if now - job.enqueued_at > self._max_queue_wait_s:
                 sem.release()
                 with self._lock:

@@ -139,6 +139,11 @@ class AutoProcessJudge:
         return self._ready
 
     @property
+    def batches_calls(self) -> bool:
+        """Whether calls go out in batches now: once they go to the worker (see ``ProcessJudge``)."""
+        return self._ready
+
+    @property
     def pids(self) -> tuple[int, ...]:
         """Process ids of the worker (empty while judging in-process)."""
         return self._remote.pids if self._remote is not None else ()

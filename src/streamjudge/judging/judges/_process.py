@@ -170,6 +170,9 @@ class ProcessJudge:
     event loop at a time (the judge pool's). Results are those of the wrapped judge, unchanged.
     """
 
+    #: its calls made in one pass of the pool's loop go out in one pipe write (the pool batches for it)
+    batches_calls = True
+
     def __init__(self, spec: JudgeSpec, *, processes: int = 1) -> None:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes!r}")
