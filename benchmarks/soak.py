@@ -9,11 +9,12 @@ its own contexts (random facts; one answer in five contradicts its contexts), ju
 with the default settings (checkpoints and the final pass, pool queue and CPU share as shipped). Each
 stream runs inside a request span, as under a web framework.
 
-Reported: RSS and live objects (``gc``) over time, streams and tokens, checkpoint and stream spans by
-``streamjudge.eval.status``, judge jobs not judged by reason (the ``streamjudge.judge.drops`` metric), the
-span ledger (every span that ended against every span the exporter received: lost, exported twice), and at
-the end the processor's held spans, the judge pool's depth and the bound streams. Not part of the timed
-tests (``tests/reliability`` holds those).
+Reported: RSS and live objects (``gc``) over time, streams and tokens, the automatic GC's collections and
+pauses and the objects only the cyclic GC freed (those in reference cycles: ~0 per stream when a finished
+stream is freed by refcounting), checkpoint and stream spans by ``streamjudge.eval.status``, judge jobs not
+judged by reason (the ``streamjudge.judge.drops`` metric), the span ledger (every span that ended against
+every span the exporter received: lost, exported twice), and at the end the processor's held spans, the
+judge pool's depth and the bound streams. Not part of the timed tests (``tests/reliability`` holds those).
 """
 
 from __future__ import annotations
@@ -171,10 +172,31 @@ def soak(streams: int, seconds: float, token_delay_s: float, sample_every: float
     rt.tracer_provider.add_span_processor(_Ends(ledger))
     samples: list[dict[str, float]] = []
     counts = {"streams": 0, "tokens": 0, "warned": 0, "lies": 0}
+    # the collections the interpreter ran by itself (not the sampler's): per generation their count and
+    # pauses (CPU of the collecting thread), and the objects any collection freed, which only a reference
+    # cycle leaves to the GC (a finished stream freed by refcounting leaves none)
+    auto = {"collections": [0, 0, 0], "pause_ms": [0.0, 0.0, 0.0]}
+    cyclic = [0]
+    sampling = [False]
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+            return
+        cyclic[0] += info["collected"]
+        if not sampling[0]:
+            auto["collections"][info["generation"]] += 1
+            auto["pause_ms"][info["generation"]] += (time.thread_time() - started[0]) * 1000
+
     t0 = time.monotonic()
 
     def sample() -> None:
-        gc.collect()
+        sampling[0] = True
+        try:
+            gc.collect()
+        finally:
+            sampling[0] = False
         samples.append({"t_s": round(time.monotonic() - t0, 1), "rss_mb": round(rss_mb(), 1),
                         "objects": len(gc.get_objects()), "held": rt.processor.held,
                         "pool_depth": rt.pool.depth, "streams": counts["streams"]})
@@ -208,10 +230,15 @@ def soak(streams: int, seconds: float, token_delay_s: float, sample_every: float
         await asyncio.gather(sampler(), *(worker(k) for k in range(streams)))
 
     sample()
-    asyncio.run(main())
-    elapsed = time.monotonic() - t0
-    flushed = rt.force_flush(60_000)
-    sample()
+    cyclic[0] = 0  # from here on: configure's own garbage is not the streams'
+    gc.callbacks.append(on_gc)
+    try:
+        asyncio.run(main())
+        elapsed = time.monotonic() - t0
+        flushed = rt.force_flush(60_000)
+        sample()
+    finally:
+        gc.callbacks.remove(on_gc)
     result = {
         "streams_concurrent": streams, "seconds": round(elapsed, 1), "token_delay_ms": token_delay_s * 1000,
         "streams_done": counts["streams"], "tokens": counts["tokens"],
@@ -221,6 +248,8 @@ def soak(streams: int, seconds: float, token_delay_s: float, sample_every: float
         "statuses": dict(sorted(ledger.statuses.items())), "drops_by_reason": _drops(reader),
         "held_at_end": rt.processor.held, "pool_depth_at_end": rt.pool.depth,
         "bound_streams_at_end": _binding.active_count(), "samples": samples,
+        "gc_collections": auto["collections"], "gc_pause_ms": [round(x, 1) for x in auto["pause_ms"]],
+        "gc_freed_objects": cyclic[0],
     }
     rt.shutdown(10_000)
     return result
@@ -243,6 +272,9 @@ def main() -> None:
     print(f"RSS {s[0]['rss_mb']} MB at start, {warm['rss_mb']} MB at {warm['t_s']} s, "
           f"{s[-1]['rss_mb']} MB at the end (max {max(x['rss_mb'] for x in s)} MB)")
     print(f"live objects {warm['objects']} at {warm['t_s']} s, {s[-1]['objects']} at the end")
+    print(f"GC (automatic collections): {r['gc_collections']} per generation, pauses {r['gc_pause_ms']} ms; "
+          f"objects only the cyclic GC freed {r['gc_freed_objects']} "
+          f"({r['gc_freed_objects'] / max(1, r['streams_done']):.1f} per stream)")
     print(f"spans ended {r['spans_ended']}, exported {r['spans_exported']}, lost {r['spans_lost']}, "
           f"exported twice {r['spans_exported_twice']}")
     print(f"span statuses {r['statuses']}")

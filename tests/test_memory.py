@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import tracemalloc
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 
+import pytest
+
+from _fakes import KeywordJudge
 from conftest import Harness
-from streamjudge import guard, semconv
+from streamjudge import RegenerateRequest, guard, semconv
 from streamjudge.judging._windows import MAX_JOINED_CHARS
 from streamjudge.judging.base import EvalInput, JudgeResult, Score
 
@@ -120,3 +125,66 @@ def test_an_event_loop_that_ran_guarded_streams_is_freed_once_it_is_gone(harness
     harness.spans()
     gc.collect()
     assert [ref() for ref in loops] == [None, None, None]
+
+
+_GOOD = "The tower is 330 metres tall. It stands in Paris. "
+_BAD = "The tower is HALLUCINATED in Lyon. "
+
+
+async def _paced(text: str, as_bytes: bool) -> AsyncIterator[str | bytes]:
+    for word in text.split(" "):
+        token = word + " "
+        yield token.encode() if as_bytes else token
+        await asyncio.sleep(0)  # a loop pass per token: each sentence its own checkpoint
+
+
+@pytest.mark.parametrize(
+    ("settings", "as_bytes"),
+    [
+        ({}, False),
+        ({}, True),  # bytes tokens: the session's decoder
+        ({"mode": "hold_back"}, False),
+        ({"action": "stop"}, False),
+        ({"action": "regenerate"}, False),
+        ({"sample_rate": 0.0}, False),
+    ],
+    ids=["flag", "bytes", "hold_back", "stop", "regenerate", "sampled_out"],
+)
+def test_a_finished_stream_is_freed_without_the_cyclic_gc(
+    harness: Harness, settings: dict[str, object], as_bytes: bool
+) -> None:
+    # a stream's objects (its session, windows, spans, verdicts: ~50 per judged stream) held in a reference
+    # cycle outlive the stream until the cyclic GC finds them: they are promoted through the generations
+    # while streams are live, and at hundreds of streams the young collections that copy them and the
+    # whole-heap ones they bring stop every stream at once (measured at 500 streams: 28 ms of young
+    # collections per run against 16 ms once refcounting freed them)
+    harness.configure(KeywordJudge(), end_wait_s=1.0, **settings)
+
+    def regenerate(_req: RegenerateRequest) -> AsyncIterator[str | bytes]:
+        return _paced(_GOOD, as_bytes)
+
+    async def run() -> None:
+        async for _ in guard(_paced(_GOOD + _BAD + _GOOD, as_bytes), question="tower",
+                             contexts=["The tower is 330 metres tall and stands in Paris."],
+                             regenerate=regenerate):
+            pass
+
+    loop = asyncio.new_event_loop()  # one loop throughout: a loop's own cycles are not the stream's
+    try:
+        loop.run_until_complete(run())  # first use: caches, the loop's wake-up bell
+        harness.spans()
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
+        try:
+            for _ in range(3):
+                loop.run_until_complete(run())
+            harness.spans()
+            gc.collect()
+            left = Counter(type(o).__qualname__ for o in gc.garbage
+                           if type(o).__module__.startswith(("streamjudge", "opentelemetry")))
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    finally:
+        loop.close()
+    assert not left, left

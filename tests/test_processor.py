@@ -173,3 +173,27 @@ def test_a_span_whose_result_never_comes_is_exported_after_the_hold_timeout() ->
                        target_trace_id=ctx.trace_id)
     processor.resolve(req, JobOutcome("judged"), ())
     assert len(exporter.get_finished_spans()) == 1
+
+
+def test_shutdown_ends_the_hold_timeout_sweeper_at_once() -> None:
+    # asleep for its period (up to a second), it kept the processor, and the runtime around it, alive after
+    # shutdown; held spans go out with the shutdown either way
+    import time as _time
+
+    from streamjudge.judging.processor import JudgeSpanProcessor
+
+    exporter = InMemorySpanExporter()
+    processor = JudgeSpanProcessor(downstream=SimpleSpanProcessor(exporter), hold_timeout_s=30.0)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    span = provider.get_tracer("t").start_span("held")
+    processor.expect(span.get_span_context().span_id)
+    span.end()
+    sweeper = processor._sweeper
+    assert sweeper is not None and sweeper.is_alive()  # a span waits: it sleeps 1 s at a time
+    started = _time.monotonic()
+    processor.shutdown()
+    assert not sweeper.is_alive()
+    assert _time.monotonic() - started < 0.9
+    (out,) = exporter.get_finished_spans()
+    assert out.attributes[semconv.EVAL_STATUS] == "shutdown"

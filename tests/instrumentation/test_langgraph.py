@@ -217,3 +217,41 @@ def test_the_model_tap_joins_the_windows_of_a_chunk_burst(harness, monkeypatch) 
     (burst, burst_sentences), (paced, paced_sentences) = counts["0"], counts["2"]
     assert burst_sentences == paced_sentences == paced > 1
     assert burst < paced
+
+
+def test_an_instrumented_graph_run_is_freed_without_the_cyclic_gc(harness) -> None:  # type: ignore[no-untyped-def]
+    # as for a guarded stream (tests/test_memory.py): objects of ours, or spans, held in a reference cycle
+    # would outlive every request until the cyclic GC finds them
+    import gc
+    from collections import Counter
+
+    rt = harness.configure(end_wait_s=0.5)
+    inst = StreamJudgeInstrumentor()
+    inst.instrument()
+    loop = asyncio.new_event_loop()  # one loop throughout: a loop's own cycles are not the request's
+    try:
+        graph = rag.build_graph()
+
+        async def request() -> None:
+            with rt.tracer.start_as_current_span("request"):
+                async for _ in rag.stream_answer(graph, "How tall is the Eiffel Tower?", hallucinate=True):
+                    pass
+
+        for _ in range(2):  # first use: imports, caches
+            loop.run_until_complete(request())
+            harness.spans()
+            gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
+        try:
+            for _ in range(3):
+                loop.run_until_complete(request())
+            harness.spans()
+            gc.collect()
+            left = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    finally:
+        loop.close()
+        inst.uninstrument()
+    assert not [k for k in left if k.startswith(("streamjudge", "opentelemetry"))], left

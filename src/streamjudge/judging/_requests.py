@@ -18,12 +18,11 @@ if TYPE_CHECKING:
 class StreamRequests:
     """Builds the requests of one stream; :meth:`bind` gives it the stream's identity at its start."""
 
-    __slots__ = ("_attributes", "_coalesce", "_recording", "_reply", "_settings", "_span_id",
-                 "_thresholds", "_trace_id")
+    __slots__ = ("_attributes", "_coalesce", "_recording", "_settings", "_span_id", "_thresholds",
+                 "_trace_id")
 
-    def __init__(self, settings: Settings, reply: Callable[[Verdict], None], *, coalesce: bool) -> None:
+    def __init__(self, settings: Settings, *, coalesce: bool) -> None:
         self._settings = settings
-        self._reply = reply
         # hold-back releases a window only on its own verdict: no coalescing there
         self._coalesce = coalesce
         self._thresholds = {m: settings.threshold_for(m)
@@ -58,8 +57,14 @@ class StreamRequests:
         index: int = -1,
         target: trace.Span | None = None,
         target_name: str = "",
+        reply: Callable[[Verdict], None],
     ) -> JudgeRequest:
-        """A request about ``text`` (new sentences at ``offset``, the answer, or nothing for pre-flight)."""
+        """A request about ``text`` (new sentences at ``offset``, the answer, or nothing for pre-flight),
+        whose verdict goes to ``reply``.
+
+        ``reply`` comes per request, not at construction: the session that owns this object passes its
+        bound method, and holding it here would make a reference cycle (session -> requests -> session)
+        that only the cyclic GC frees, taking every finished stream's objects with it."""
         s = self._settings
         metrics = (
             s.checkpoint_metrics if kind == "checkpoint"
@@ -85,6 +90,6 @@ class StreamRequests:
             target_trace_id=self._trace_id,
             target_name=target_name,
             coalesce=kind == "checkpoint" and self._coalesce,
-            reply=self._reply,
+            reply=reply,
             attributes=attributes,
         )

@@ -362,14 +362,14 @@ class GuardSession:
     def _requests_of(self) -> StreamRequests:
         requests = self._requests
         if requests is None:
-            requests = self._requests = StreamRequests(self.settings, self.post, coalesce=not self.hold_back)
+            requests = self._requests = StreamRequests(self.settings, coalesce=not self.hold_back)
             if self._span is not None:
                 requests.bind(self._span, self._session_id)
         return requests
 
     def _request(self, kind: EvalKind, text: str, **where: Any) -> JudgeRequest:
         return self._requests_of().make(kind, text, question=self.question, contexts=self.contexts,
-                                   reference=self.reference, **where)
+                                        reference=self.reference, reply=self.post, **where)
 
     def _preflight(self) -> None:
         if self.contexts is None:
@@ -413,7 +413,7 @@ class GuardSession:
     def accept(self, token: Any) -> str | None:
         """Record one token; return its text, or None when it was skipped (None, empty, undecodable)."""
         if token.__class__ is not str or not token.isascii():
-            token = self._token_text().text(token)
+            token = self._token_text().text(token, self._record_skip)
             if not token:
                 return None
         elif not token:
@@ -826,7 +826,7 @@ class GuardSession:
     def _token_text(self) -> TokenText:
         text = self._text
         if text is None:
-            text = self._text = TokenText(self._record_skip)
+            text = self._text = TokenText()
         return text
 
     def _passed(self) -> PassedPrefix:

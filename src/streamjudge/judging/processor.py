@@ -83,6 +83,7 @@ class JudgeSpanProcessor(SpanProcessor):
         self._capture = capture_content
         self._slots: dict[int, _Slot] = {}  # in order of expect(): the oldest first
         self._sweeper: threading.Thread | None = None
+        self._stop_sweeping = threading.Event()
         self._lock = threading.Lock()
         self._closed = False
         after_fork_in_child(self, JudgeSpanProcessor._after_fork)
@@ -100,6 +101,7 @@ class JudgeSpanProcessor(SpanProcessor):
         self._lock = threading.Lock()
         self._slots = {}
         self._sweeper = None
+        self._stop_sweeping = threading.Event()
 
     @property
     def owns_export(self) -> bool:
@@ -167,8 +169,9 @@ class JudgeSpanProcessor(SpanProcessor):
 
     def _sweep(self) -> None:
         period = max(0.01, min(self._hold_timeout / 4, 1.0))
-        while not self._closed:
-            time.sleep(period)
+        # woken by close(): a sweeper asleep for its period kept the processor (and the runtime around it)
+        # alive for up to a second after shutdown
+        while not self._stop_sweeping.wait(period):
             with self._lock:
                 if not self._slots:
                     self._sweeper = None
@@ -292,6 +295,10 @@ class JudgeSpanProcessor(SpanProcessor):
         if self._closed:
             return
         self._closed = True
+        self._stop_sweeping.set()
+        sweeper = self._sweeper
+        if sweeper is not None and sweeper is not threading.current_thread():
+            sweeper.join(1.0)  # it wakes at once; what it would have expired, release_held exports below
         if self._judging is not None:
             try:
                 # within a process-wide shutdown deadline, the pool gets most of what is left, not all
