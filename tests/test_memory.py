@@ -131,43 +131,53 @@ _GOOD = "The tower is 330 metres tall. It stands in Paris. "
 _BAD = "The tower is HALLUCINATED in Lyon. "
 
 
-async def _paced(text: str, as_bytes: bool) -> AsyncIterator[str | bytes]:
+async def _paced(text: str, as_bytes: bool, gap_s: float = 0.0) -> AsyncIterator[str | bytes]:
     for word in text.split(" "):
         token = word + " "
         yield token.encode() if as_bytes else token
-        await asyncio.sleep(0)  # a loop pass per token: each sentence its own checkpoint
+        await asyncio.sleep(gap_s)  # a loop pass per token at least: each sentence its own checkpoint
 
 
 @pytest.mark.parametrize(
-    ("settings", "as_bytes"),
+    ("settings", "as_bytes", "gap_s", "leave_after"),
     [
-        ({}, False),
-        ({}, True),  # bytes tokens: the session's decoder
-        ({"mode": "hold_back"}, False),
-        ({"action": "stop"}, False),
-        ({"action": "regenerate"}, False),
-        ({"sample_rate": 0.0}, False),
+        ({}, False, 0.0, 0),
+        ({}, True, 0.0, 0),  # bytes tokens: the session's decoder
+        ({"mode": "hold_back"}, False, 0.0, 0),
+        ({"action": "stop"}, False, 0.0, 0),
+        ({"action": "regenerate"}, False, 0.0, 0),
+        ({"sample_rate": 0.0}, False, 0.0, 0),
+        # a slow source whose tokens race the verdicts in flight, and which ends while one is
+        ({}, False, 0.004, 0),
+        ({}, False, 0.004, 12),  # its client leaving while a token is raced
     ],
-    ids=["flag", "bytes", "hold_back", "stop", "regenerate", "sampled_out"],
+    ids=["flag", "bytes", "hold_back", "stop", "regenerate", "sampled_out", "raced_source_end",
+         "client_left"],
 )
 def test_a_finished_stream_is_freed_without_the_cyclic_gc(
-    harness: Harness, settings: dict[str, object], as_bytes: bool
+    harness: Harness, settings: dict[str, object], as_bytes: bool, gap_s: float, leave_after: int
 ) -> None:
     # a stream's objects (its session, windows, spans, verdicts: ~50 per judged stream) held in a reference
     # cycle outlive the stream until the cyclic GC finds them: they are promoted through the generations
     # while streams are live, and at hundreds of streams the young collections that copy them and the
     # whole-heap ones they bring stop every stream at once (measured at 500 streams: 28 ms of young
     # collections per run against 16 ms once refcounting freed them)
-    harness.configure(KeywordJudge(), end_wait_s=1.0, **settings)
+    # a judge slower than a token gap: the last checkpoint's verdict is still in flight at the source's end
+    harness.configure(KeywordJudge(delay_s=0.02 if gap_s else 0.0), end_wait_s=1.0, **settings)
 
     def regenerate(_req: RegenerateRequest) -> AsyncIterator[str | bytes]:
-        return _paced(_GOOD, as_bytes)
+        return _paced(_GOOD, as_bytes, gap_s)
 
     async def run() -> None:
-        async for _ in guard(_paced(_GOOD + _BAD + _GOOD, as_bytes), question="tower",
+        events = aiter(guard(_paced(_GOOD + _BAD + _GOOD, as_bytes, gap_s), question="tower",
                              contexts=["The tower is 330 metres tall and stands in Paris."],
-                             regenerate=regenerate):
-            pass
+                             regenerate=regenerate))
+        seen = 0
+        async for _ in events:
+            seen += 1
+            if leave_after and seen == leave_after:
+                break  # the client went away mid-answer
+        await events.aclose()  # type: ignore[attr-defined]
 
     loop = asyncio.new_event_loop()  # one loop throughout: a loop's own cycles are not the stream's
     try:

@@ -60,3 +60,19 @@ def test_suppression_is_the_public_one() -> None:
     with _sdk.suppress_instrumentation():
         assert not _sdk.is_instrumentation_enabled()
     assert _sdk.is_instrumentation_enabled()
+
+
+def test_the_quiet_context_suppresses_instrumentation_and_joins_no_trace() -> None:
+    from opentelemetry import context, trace
+
+    provider = TracerProvider()
+    with provider.get_tracer("t").start_as_current_span("request"):
+        quiet = _sdk.quiet_context()  # made inside a span: it still carries none
+        assert _sdk.is_instrumentation_enabled()  # making it changed nothing around it
+    token = context.attach(quiet)
+    try:
+        assert not _sdk.is_instrumentation_enabled()
+        assert not trace.get_current_span().get_span_context().is_valid
+    finally:
+        context.detach(token)
+    assert _sdk.is_instrumentation_enabled()

@@ -13,18 +13,32 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from opentelemetry.context import Context, attach, detach, get_current
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled, suppress_instrumentation
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
 
 __all__ = [
     "is_instrumentation_enabled",
+    "quiet_context",
     "remove_span_processor",
     "set_span_processors",
     "span_processors",
     "suppress_instrumentation",
     "watch_span_processors",
 ]
+
+
+def quiet_context() -> Context:
+    """An empty context with instrumentation suppressed (the public helper's key): code run in it makes no
+    spans through instrumentations (httpx, openai, requests...) and joins no trace. Contexts are immutable,
+    so one made once serves every attach: cheaper than entering the helper each time."""
+    token = attach(Context())
+    try:
+        with suppress_instrumentation():
+            return get_current()
+    finally:
+        detach(token)
 
 
 def _active(provider: SDKTracerProvider) -> Any:

@@ -356,6 +356,10 @@ class GuardedStream:
                         try:
                             tok = fut.result()
                         except StopAsyncIteration:
+                            # the task keeps the exception, whose traceback keeps this frame, whose
+                            # locals keep the task: a cycle holding the whole stream (its session,
+                            # spans, verdicts) for the cyclic GC. Dropped here, refcounting frees them
+                            del fut
                             break
                         slow = perf_counter() - nxt_started > _RACE_GAP_S
                     elif nxt is not None:
@@ -365,6 +369,7 @@ class GuardedStream:
                         try:
                             tok = await fut
                         except StopAsyncIteration:
+                            del fut  # as above
                             break
                     else:
                         if deferred:

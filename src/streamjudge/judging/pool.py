@@ -53,6 +53,8 @@ _SHARE_STEP = 0.1
 # 150-225 us and checkpoints/s 1.7-2.4x at the same share. A judge in this thread gains nothing from it
 # (each call is its own CPU) and would hold the GIL for several calls in a row: it keeps waking at the line
 _RESUME_S = 0.002
+# what every judge call runs in (see JudgePool._run)
+_QUIET = _sdk.quiet_context()
 
 
 @dataclass(slots=True)
@@ -535,11 +537,9 @@ class JudgePool:
             self._idle.notify_all()
 
     async def _run(self, job: JudgeJob) -> None:
-        # an empty context with instrumentation suppressed (the public helper's key): instrumentations
-        # (httpx, openai, requests...) create no spans, so the judge's own I/O never lands in a judged trace
-        token = otel_context.attach(otel_context.Context())
-        quiet = _sdk.suppress_instrumentation()
-        quiet.__enter__()
+        # an empty context with instrumentation suppressed: instrumentations (httpx, openai, requests...)
+        # create no spans, so the judge's own I/O never lands in a judged trace
+        token = otel_context.attach(_QUIET)
         attempts = 0
         outcome: JobOutcome
         try:
@@ -574,7 +574,6 @@ class JudgePool:
                     outcome = JobOutcome("error", error=_describe(exc), attempts=attempts)
                     break
         finally:
-            quiet.__exit__(None, None, None)
             otel_context.detach(token)
         if outcome.status == "error":
             self._m_errors.add(1, {semconv.METRIC_ATTR_JUDGE: getattr(job.judge, "name", "?")})
