@@ -281,6 +281,39 @@ def test_judge_errors_keep_their_kind_and_a_judge_that_cannot_be_built_says_why(
     asyncio.run(go())
 
 
+def test_a_failed_call_leaves_its_request_to_refcounting_not_to_the_cyclic_gc() -> None:
+    # the call's future held the error, whose traceback held the call's frame, whose locals held the
+    # future and the request: every failed call kept its contexts (any size) until a cyclic collection
+    import gc
+
+    pool = JudgePool()
+    judge = ProcessJudge(JudgeSpec(f"{__name__}:RaisingJudge", Settings()), processes=1)
+    statuses: list[str] = []
+    try:
+        def submit(n: int) -> None:
+            for i in range(n):
+                item = EvalInput(QUESTION, (f"[{i}] " + CONTEXTS[0],), "other")
+                assert pool.submit(JudgeJob(judge=judge, item=item, metrics=("faithfulness",),
+                                            callback=lambda o: statuses.append(o.status)))
+            assert pool.force_flush(10_000)
+
+        submit(1)  # the worker is up, the pool's thread and loop too
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            submit(3)
+            gc.collect()
+            left = [type(o).__qualname__ for o in gc.garbage if isinstance(o, EvalInput | BaseException)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    finally:
+        pool.shutdown()
+        asyncio.run(judge.aclose())
+    assert statuses == ["error"] * 4
+    assert left == []
+
+
 class ExitingJudge:
     """Takes its worker down while it is built (a native library crashing at load)."""
 

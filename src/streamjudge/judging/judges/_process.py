@@ -338,6 +338,9 @@ class _WorkerGroup:
                 if proc is not None:
                     with contextlib.suppress(ProcessLookupError):
                         proc.kill()  # its pipe closes: _died fails the rest and restarts it
+            # a failed call's future keeps its error, whose traceback keeps this frame: without this, the
+            # frame's locals (the future, the request and its contexts) would wait for the cyclic GC
+            del fut
 
     def _encode_call(self, w: _Worker, call_id: int, slot: int, item: EvalInput,
                      metrics: tuple[str, ...]) -> bytes:
