@@ -105,6 +105,19 @@ class GuardSession:
     service calls from the judge pool's thread.
     """
 
+    # slots: a token's path reads several of these per token, and with hundreds of streams live an instance
+    # dict (55 keys: past what CPython's shared keys hold, so each session had its own ~1.6 KB dict) costs
+    # a cache miss more per read than a slot in the object itself
+    __slots__ = ("_attributes", "_backend", "_checkpoints", "_defer", "_failed", "_final", "_final_set",
+                 "_final_value", "_finished", "_first_ns", "_good", "_held", "_holding", "_inbox", "_join",
+                 "_judging", "_late", "_name", "_next_index", "_notify", "_opened", "_order", "_out",
+                 "_parent", "_pending", "_preflight_due", "_probe", "_recording", "_regenerate",
+                 "_requests", "_scanning", "_session_id", "_skip_checks", "_skips", "_span", "_span_id",
+                 "_start_ns", "_stats", "_stream_hex", "_text", "_to_send", "_trace_id",
+                 "_unjudged_status", "_verdict", "_window_start_ns", "_windows", "contexts", "has_events",
+                 "hold_back", "preflight_pending", "question", "reference", "regen_request", "settings",
+                 "stopped")
+
     def __init__(
         self,
         *,
