@@ -8,8 +8,10 @@ import threading
 from pathlib import Path
 
 import langchain_core.callbacks as cb
+import pytest
 from openinference.instrumentation.langchain._tracer import OpenInferenceTracer
 
+from _fakes import KeywordJudge
 from streamjudge import semconv
 from streamjudge.instrumentation import StreamJudgeInstrumentor, _binding
 from streamjudge.judging._session import GuardSession
@@ -219,13 +221,16 @@ def test_the_model_tap_joins_the_windows_of_a_chunk_burst(harness, monkeypatch) 
     assert burst < paced
 
 
-def test_an_instrumented_graph_run_is_freed_without_the_cyclic_gc(harness) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("mode", ["stream_first", "hold_back"])  # hold-back: the tap races chunks
+def test_an_instrumented_graph_run_is_freed_without_the_cyclic_gc(harness, mode: str) -> None:  # type: ignore[no-untyped-def]
     # as for a guarded stream (tests/test_memory.py): objects of ours, or spans, held in a reference cycle
     # would outlive every request until the cyclic GC finds them
     import gc
     from collections import Counter
 
-    rt = harness.configure(end_wait_s=0.5)
+    # hold-back with a judge slower than the answer: the model's stream ends while a chunk is raced
+    judge = KeywordJudge(delay_s=0.15) if mode == "hold_back" else None
+    rt = harness.configure(judge, end_wait_s=0.5, mode=mode)
     inst = StreamJudgeInstrumentor()
     inst.instrument()
     loop = asyncio.new_event_loop()  # one loop throughout: a loop's own cycles are not the request's

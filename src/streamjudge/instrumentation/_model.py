@@ -232,7 +232,12 @@ class _Tap:
                         if not nxt.done():
                             continue
                         fut, nxt = nxt, None
-                        chunk = fut.result()
+                        try:
+                            chunk = fut.result()
+                        finally:
+                            # a StopAsyncIteration the task keeps holds this frame in its traceback, and the
+                            # frame's locals the task: a cycle holding the stream for the cyclic GC
+                            del fut
                 except StopAsyncIteration:
                     if s is None or not self._waits(s):
                         break
