@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 from collections.abc import Iterator
@@ -13,6 +14,29 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import streamjudge
 from streamjudge.config import Settings
+
+
+@contextlib.contextmanager
+def cyclic_garbage() -> Iterator[list[object]]:
+    """The objects only the cyclic GC can free that the block leaves behind: what is unreachable at its
+    end, or became so in a collection while it ran (everything in a reference cycle). Collects first, so
+    garbage from before the block is not counted."""
+    gc.collect()
+    found: list[object] = []
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
+    try:
+        yield found
+        gc.collect()
+        found.extend(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+def ours(objects: list[object]) -> list[str]:
+    """The names of those of ``objects`` whose types are streamjudge's or the OpenTelemetry SDK's."""
+    return [f"{type(o).__module__}.{type(o).__qualname__}" for o in objects
+            if type(o).__module__.startswith(("streamjudge", "opentelemetry"))]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

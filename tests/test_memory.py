@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import tracemalloc
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -11,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from _fakes import KeywordJudge
-from conftest import Harness
+from conftest import Harness, cyclic_garbage, ours
 from streamjudge import RegenerateRequest, guard, semconv
 from streamjudge.judging._windows import MAX_JOINED_CHARS
 from streamjudge.judging.base import EvalInput, JudgeResult, Score
@@ -183,20 +182,13 @@ def test_a_finished_stream_is_freed_without_the_cyclic_gc(
     try:
         loop.run_until_complete(run())  # first use: caches, the loop's wake-up bell
         harness.spans()
-        gc.collect()
-        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
-        try:
+        with cyclic_garbage() as found:
             for _ in range(3):
                 loop.run_until_complete(run())
             harness.spans()
-            gc.collect()
-            left = Counter(type(o).__qualname__ for o in gc.garbage
-                           if type(o).__module__.startswith(("streamjudge", "opentelemetry")))
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
     finally:
         loop.close()
+    left = Counter(ours(found))
     assert not left, left
 
 

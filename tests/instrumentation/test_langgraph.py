@@ -228,6 +228,8 @@ def test_an_instrumented_graph_run_is_freed_without_the_cyclic_gc(harness, mode:
     import gc
     from collections import Counter
 
+    from conftest import cyclic_garbage, ours
+
     # hold-back with a judge slower than the answer: the model's stream ends while a chunk is raced
     judge = KeywordJudge(delay_s=0.15) if mode == "hold_back" else None
     rt = harness.configure(judge, end_wait_s=0.5, mode=mode)
@@ -246,17 +248,12 @@ def test_an_instrumented_graph_run_is_freed_without_the_cyclic_gc(harness, mode:
             loop.run_until_complete(request())
             harness.spans()
             gc.collect()
-        gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
-        try:
+        with cyclic_garbage() as found:
             for _ in range(3):
                 loop.run_until_complete(request())
             harness.spans()
-            gc.collect()
-            left = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage)
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
     finally:
         loop.close()
         inst.uninstrument()
-    assert not [k for k in left if k.startswith(("streamjudge", "opentelemetry"))], left
+    left = Counter(ours(found))
+    assert not left, left

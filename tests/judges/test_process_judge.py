@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Harness
+from conftest import Harness, cyclic_garbage
 from streamjudge import StreamEvent, guard, semconv
 from streamjudge.config import ConfigError, Settings, load_settings
 from streamjudge.judging.base import METRICS, EvalInput, JudgeError, JudgeResult, TransientJudgeError
@@ -284,8 +284,6 @@ def test_judge_errors_keep_their_kind_and_a_judge_that_cannot_be_built_says_why(
 def test_a_failed_call_leaves_its_request_to_refcounting_not_to_the_cyclic_gc() -> None:
     # the call's future held the error, whose traceback held the call's frame, whose locals held the
     # future and the request: every failed call kept its contexts (any size) until a cyclic collection
-    import gc
-
     pool = JudgePool()
     judge = ProcessJudge(JudgeSpec(f"{__name__}:RaisingJudge", Settings()), processes=1)
     statuses: list[str] = []
@@ -298,15 +296,9 @@ def test_a_failed_call_leaves_its_request_to_refcounting_not_to_the_cyclic_gc() 
             assert pool.force_flush(10_000)
 
         submit(1)  # the worker is up, the pool's thread and loop too
-        gc.collect()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
+        with cyclic_garbage() as found:
             submit(3)
-            gc.collect()
-            left = [type(o).__qualname__ for o in gc.garbage if isinstance(o, EvalInput | BaseException)]
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
+        left = [type(o).__qualname__ for o in found if isinstance(o, EvalInput | BaseException)]
     finally:
         pool.shutdown()
         asyncio.run(judge.aclose())
