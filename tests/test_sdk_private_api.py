@@ -76,3 +76,28 @@ def test_the_quiet_context_suppresses_instrumentation_and_joins_no_trace() -> No
     finally:
         context.detach(token)
     assert _sdk.is_instrumentation_enabled()
+
+
+def test_what_ended_spans_read_off_the_tracer_is_still_there() -> None:
+    from opentelemetry.sdk.trace import SpanLimits, SynchronousMultiSpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    tracer = TracerProvider(span_limits=SpanLimits(max_span_attribute_length=7)).get_tracer("t", "1.0")
+    assert tracer._span_limits.max_span_attribute_length == 7  # type: ignore[attr-defined]
+    assert tracer._span_limits.max_span_attributes == 128  # type: ignore[attr-defined]
+    assert tracer._instrumentation_scope.name == "t"  # type: ignore[attr-defined]
+    assert tracer._is_enabled()  # type: ignore[attr-defined]
+    end = tracer._tracer_metrics.start_span(None, _sdk.Decision.RECORD_AND_SAMPLE)  # type: ignore[attr-defined]
+    assert callable(end)
+    # the hooks a processor behind streamjudge's may have, and where a multi-processor keeps its own
+    multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
+    multi.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    assert _sdk.acts_only_on_end(multi)
+    assert _sdk.acts_only_on_end(BatchSpanProcessor(InMemorySpanExporter()))
+
+    class Hooked(SpanProcessor):
+        def _on_ending(self, span: object) -> None:
+            return None
+
+    multi.add_span_processor(Hooked())
+    assert not _sdk.acts_only_on_end(multi)

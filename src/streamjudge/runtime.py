@@ -23,7 +23,7 @@ from opentelemetry._logs import LoggerProvider
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, SynchronousMultiSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
@@ -50,9 +50,6 @@ class _Discard(SpanProcessor):
     """Downstream of a provider streamjudge created without an exporter: spans are judged, then dropped."""
 
     def on_end(self, span: ReadableSpan) -> None:
-        return None
-
-    def on_start(self, span: Span, parent_context: object = None) -> None:
         return None
 
 
@@ -82,6 +79,8 @@ class Runtime:
         self._meter_provider = meter_provider
         self._backends = tuple(backends)
         self.tracer = tracer_provider.get_tracer(semconv.TRACER_NAME, __version__)
+        #: checkpoint spans made already ended where the provider's set-up allows (see EndedSpans)
+        self.ended_spans = _sdk.EndedSpans(tracer_provider, self.tracer, processor)
         self._judges: dict[str, Judge] = {}
         self._judge_lock = threading.Lock()
         self._join_lock = threading.Lock()

@@ -41,6 +41,7 @@ from streamjudge.judging._windows import ReleaseOrder, Transcript, Window, Windo
 from streamjudge.results import EvalKind, JudgeRequest, JudgeResult, Verdict
 
 if TYPE_CHECKING:
+    from streamjudge._sdk import EndedSpans
     from streamjudge.config import Settings
     from streamjudge.judging._lag import LoopProbe
 
@@ -108,12 +109,12 @@ class GuardSession:
     # slots: with 55 attributes, past the 30 CPython's shared instance-dict keys hold, each session had a dict
     # of its own (1,640 bytes per live stream against 472 now), and every read on the token path a dict
     # lookup instead of a slot load (judged: 63.1k -> 62.7k instructions per token)
-    __slots__ = ("_attributes", "_backend", "_checkpoints", "_defer", "_failed", "_final", "_final_set",
-                 "_final_value", "_finished", "_first_ns", "_good", "_held", "_holding", "_inbox", "_join",
-                 "_judging", "_late", "_name", "_next_index", "_notify", "_opened", "_order", "_out",
-                 "_parent", "_pending", "_preflight_due", "_probe", "_recording", "_regenerate",
-                 "_requests", "_scanning", "_session_id", "_skip_checks", "_skips", "_span", "_span_id",
-                 "_start_ns", "_stats", "_stream_hex", "_text", "_to_send", "_trace_id",
+    __slots__ = ("_attributes", "_backend", "_checkpoints", "_defer", "_ended", "_failed", "_final",
+                 "_final_set", "_final_value", "_finished", "_first_ns", "_good", "_held", "_holding",
+                 "_inbox", "_join", "_judging", "_late", "_name", "_next_index", "_notify", "_opened",
+                 "_order", "_out", "_parent", "_pending", "_preflight_due", "_probe", "_recording",
+                 "_regenerate", "_requests", "_scanning", "_session_id", "_skip_checks", "_skips", "_span",
+                 "_span_id", "_start_ns", "_stats", "_stream_hex", "_text", "_to_send", "_trace_id",
                  "_unjudged_status", "_verdict", "_window_start_ns", "_windows", "contexts", "has_events",
                  "hold_back", "preflight_pending", "question", "reference", "regen_request", "settings",
                  "stopped")
@@ -133,6 +134,8 @@ class GuardSession:
         start_time_ns: int | None = None,
     ) -> None:
         self._backend = runtime or default_backend()
+        # the process's maker of ended checkpoint spans (a runtime has one; a bare backend need not)
+        self._ended: EndedSpans | None = getattr(self._backend, "ended_spans", None)
         self.settings: Settings = settings or self._backend.settings
         self.question = question
         self.contexts: tuple[str, ...] | None = tuple(contexts) if contexts is not None else None
@@ -711,13 +714,30 @@ class GuardSession:
         elif self._skip_checks:
             attrs[semconv.EVAL_STATUS] = "skipped"
             attrs[semconv.EVAL_SKIP_REASON] = self._skip_checks
+        settings = self.settings
+        ended = self._ended
+        made = None
+        if ended is not None and self._span is not None:
+            # every attribute is known now: the span is made ended, without the SDK's live span (see
+            # EndedSpans), where the provider's set-up lets nobody tell the difference
+            made = ended.make(semconv.SPAN_CHECKPOINT, self._span, attrs, start_ns, end_ns,
+                              text_attributes(CHECKPOINT_KEYS, window.text, capture=settings.capture_content,
+                                              limit=settings.max_text_attribute_chars))
+        if made is not None:
+            if judged and index in self._checkpoints:
+                self._backend.service.submit(
+                    self._request("checkpoint", window.text, prefix=window.prefix, offset=window.start,
+                                  index=index, target=made, target_name=semconv.SPAN_CHECKPOINT)
+                )
+            ended.end(made)  # type: ignore[union-attr]
+            return
         parent = trace.set_span_in_context(self._span) if self._span is not None else None
         cp = self._backend.tracer.start_span(
             semconv.SPAN_CHECKPOINT, context=parent, attributes=attrs, start_time=start_ns
         )
         if cp.is_recording():
-            set_text(cp, CHECKPOINT_KEYS, window.text, capture=self.settings.capture_content,
-                     limit=self.settings.max_text_attribute_chars)
+            set_text(cp, CHECKPOINT_KEYS, window.text, capture=settings.capture_content,
+                     limit=settings.max_text_attribute_chars)
         if judged and index in self._checkpoints:
             self._backend.service.submit(
                 self._request("checkpoint", window.text, prefix=window.prefix, offset=window.start,
