@@ -41,6 +41,8 @@ from streamjudge.judging._windows import ReleaseOrder, Transcript, Window, Windo
 from streamjudge.results import EvalKind, JudgeRequest, JudgeResult, Verdict
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
+
     from streamjudge._sdk import EndedSpans
     from streamjudge.config import Settings
     from streamjudge.judging._lag import LoopProbe
@@ -716,34 +718,32 @@ class GuardSession:
             attrs[semconv.EVAL_SKIP_REASON] = self._skip_checks
         settings = self.settings
         ended = self._ended
-        made = None
+        cp: trace.Span | ReadableSpan | None = None
         if ended is not None and self._span is not None:
             # every attribute is known now: the span is made ended, without the SDK's live span (see
             # EndedSpans), where the provider's set-up lets nobody tell the difference
-            made = ended.make(semconv.SPAN_CHECKPOINT, self._span, attrs, start_ns, end_ns,
-                              text_attributes(CHECKPOINT_KEYS, window.text, capture=settings.capture_content,
-                                              limit=settings.max_text_attribute_chars))
-        if made is not None:
-            if judged and index in self._checkpoints:
-                self._backend.service.submit(
-                    self._request("checkpoint", window.text, prefix=window.prefix, offset=window.start,
-                                  index=index, target=made, target_name=semconv.SPAN_CHECKPOINT)
-                )
-            ended.end(made)  # type: ignore[union-attr]
-            return
-        parent = trace.set_span_in_context(self._span) if self._span is not None else None
-        cp = self._backend.tracer.start_span(
-            semconv.SPAN_CHECKPOINT, context=parent, attributes=attrs, start_time=start_ns
-        )
-        if cp.is_recording():
-            set_text(cp, CHECKPOINT_KEYS, window.text, capture=settings.capture_content,
-                     limit=settings.max_text_attribute_chars)
+            cp = ended.make(semconv.SPAN_CHECKPOINT, self._span, attrs, start_ns, end_ns,
+                            text_attributes(CHECKPOINT_KEYS, window.text, capture=settings.capture_content,
+                                            limit=settings.max_text_attribute_chars))
+        live = None
+        if cp is None:
+            parent = trace.set_span_in_context(self._span) if self._span is not None else None
+            cp = live = self._backend.tracer.start_span(
+                semconv.SPAN_CHECKPOINT, context=parent, attributes=attrs, start_time=start_ns
+            )
+            if live.is_recording():
+                set_text(live, CHECKPOINT_KEYS, window.text, capture=settings.capture_content,
+                         limit=settings.max_text_attribute_chars)
         if judged and index in self._checkpoints:
+            # before the span's end: the processor holds a span it was told to expect
             self._backend.service.submit(
                 self._request("checkpoint", window.text, prefix=window.prefix, offset=window.start,
                               index=index, target=cp, target_name=semconv.SPAN_CHECKPOINT)
             )
-        cp.end(end_time=end_ns)
+        if live is not None:
+            live.end(end_time=end_ns)
+        else:
+            ended.end(cp)  # type: ignore[union-attr, arg-type]
 
     def _on_verdict(self, v: Verdict) -> None:
         cp = self._checkpoints.pop(v.index, None)
