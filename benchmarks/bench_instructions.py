@@ -82,9 +82,9 @@ class _InstantJudge:
     scores_sentences = True
 
     async def evaluate(self, item: Any, metrics: Sequence[str]) -> Any:
-        from streamjudge.judging.base import JudgeResult
+        from streamjudge.judging.base import JudgeResult, Score
 
-        return JudgeResult(scores={m: 1.0 for m in metrics})
+        return JudgeResult(self.name, tuple(Score(m, 1.0) for m in metrics))
 
     async def aclose(self) -> None:
         return None
@@ -121,6 +121,16 @@ def _child(variant: str, source_name: str, n: int) -> None:
     }.get(variant, Settings())
     judge = _InstantJudge() if variant == "judged" else None
     rt = streamjudge.configure(settings, downstream=_Discard(), judge=judge, set_global=False)
+    # what the judge answered: a judged variant that counted error verdicts (a judge that raised) would
+    # measure the error path instead of the work a passing checkpoint costs
+    outcomes: dict[str, int] = {}
+    resolve = rt.processor.resolve
+
+    def counting_resolve(request: Any, outcome: Any, scores: Any) -> None:
+        outcomes[outcome.status] = outcomes.get(outcome.status, 0) + 1
+        resolve(request, outcome, scores)
+
+    rt.processor.resolve = counting_resolve  # type: ignore[method-assign]
     class _Dropped(SpanExporter):
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             return SpanExportResult.SUCCESS
@@ -173,6 +183,9 @@ def _child(variant: str, source_name: str, n: int) -> None:
     peer.force_flush()
     rt.shutdown()
     peer.shutdown()
+    failed = {k: v for k, v in outcomes.items() if k not in ("judged", "superseded")}
+    if variant in ("judged", "local") and failed:
+        raise SystemExit(f"{variant}: verdicts that were not judged: {failed}")
     print(json.dumps([len(t) for _c, t, _q in counted]))
 
 
