@@ -531,6 +531,33 @@ def test_a_source_that_turns_slow_is_raced_before_its_stall(harness: Harness) ->
     assert 0 < warned < last_token - 0.5
 
 
+def test_a_source_whose_steps_are_not_coroutines_is_raced_too(harness: Harness) -> None:
+    # an async iterator of the app's own whose __anext__ returns a future (not a coroutine): the loop's
+    # create_task refuses it, so racing falls back to ensure_future, and the warning still comes mid-stall
+    harness.configure(KeywordJudge(delay_s=0.3), window_sentences=1, preflight=False)
+
+    class Futures:
+        def __init__(self) -> None:
+            words = ["Then", "HALLUCINATED", "facts", "appear.", "And"] + ["more"] * 2 * _GAP
+            self.gaps = [(w + " ", 0.01) for w in words] + [("Done.", 1.5)]
+
+        def __aiter__(self) -> Futures:
+            return self
+
+        def __anext__(self) -> asyncio.Future[str]:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[str] = loop.create_future()
+            if not self.gaps:
+                fut.set_exception(StopAsyncIteration())
+                return fut
+            word, gap = self.gaps.pop(0)
+            loop.call_later(gap, fut.set_result, word)
+            return fut
+
+    warned, last_token = _warning_and_last_token(Futures())  # type: ignore[arg-type]
+    assert 0 < warned < last_token - 0.5
+
+
 def test_checkpoint_span_work_waits_until_the_next_token_was_asked_for(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
