@@ -262,6 +262,10 @@ def bench_hot_path(samples: list[tuple[str, str, bool]], repeats: int) -> dict[s
         "bare_loop_us_per_token_per_window": us(per_window["plain"]),
         "loop_cpu_us_per_token_added_per_window": us(min(per_window["cpu"])),
         "loop_cpu_us_per_token_added_per_window_spread": spread(per_window["cpu"]),
+        # the loop thread's CPU over whole judged streams against the bare loop's time (its CPU, all of it)
+        "loop_cpu_per_window_vs_bare": round(
+            (per_window["plain"] + min(per_window["cpu"])) / per_window["plain"], 3
+        ),
     }
 
 
@@ -499,6 +503,12 @@ def main(argv: list[str] | None = None) -> int:
         # issue 13: with the local judge on, at most 1 us of wall time added per token at full speed
         "goal_judged_overhead_le_1us_per_token": results["per_token_overhead_us"] <= 1.0,
         "goal_sampled_out_cost_le_1.5x_bare": results["hot_path_cost_vs_bare_sampled_out"] <= 1.5,
+        # the same two for a loop pass per token, as a model read over the network is (each window its own
+        # checkpoint): the case the at-hand figures do not show
+        "goal_judged_overhead_le_1us_per_token_per_window": (
+            results["per_token_overhead_us_per_window"] <= 1.0
+        ),
+        "goal_judged_loop_cpu_le_2x_bare_per_window": results["loop_cpu_per_window_vs_bare"] <= 2.0,
         "goal_itl_p99_within_5pct": results["itl_p99_ratio_vs_no_judge"] <= 1.05,
         "goal_itl_p99_within_5pct_timer_source": results["itl_timer_source_p99_ratio_vs_no_judge"] <= 1.05,
         "goal_alert_p50_local_lt_5ms": results["alert_p50_ms_local"] < 5.0,
