@@ -201,9 +201,7 @@ class EndedSpans:
             trace_state=result.trace_state,
         )
         # the SDK's own span metrics (started, live) see the span start and end, as a live one's would
-        record_end = tracer._tracer_metrics.start_span(pctx, result.decision)
-        if record_end is not None:
-            record_end()
+        tracer._tracer_metrics.start_span(pctx, result.decision)()
         final = dict(result.attributes)
         if more:
             final.update(more)
