@@ -32,6 +32,7 @@ from opentelemetry.util.types import Attributes
 import streamjudge
 from streamjudge import semconv
 from streamjudge.config import Settings
+from streamjudge.judging.base import EvalInput, JudgeResult, Score
 from streamjudge.runtime import Runtime
 
 ANSWER = ("The tower is 330 metres tall. It was completed in 1889. It stands in Paris. "
@@ -64,6 +65,19 @@ class _DropCheckpoints(Sampler):
         return "drop-checkpoints"
 
 
+class _Passes:
+    """Passes every sentence at once (these tests are about spans, not a judge's speed or scores)."""
+
+    name = "passes"
+    scores_sentences = True
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        return JudgeResult(self.name, tuple(Score(m, 1.0) for m in metrics))
+
+    async def aclose(self) -> None:
+        return None
+
+
 @pytest.fixture()
 def runtimes() -> Iterator[list[Runtime]]:
     made: list[Runtime] = []
@@ -75,7 +89,7 @@ def runtimes() -> Iterator[list[Runtime]]:
 def _configure(runtimes: list[Runtime], provider: TracerProvider, downstream: SpanProcessor) -> Runtime:
     settings = Settings(preflight=False, final_reconcile=False, window_sentences=2, window_chars=10_000,
                         judge_processes=0)
-    rt = streamjudge.configure(settings, tracer_provider=provider, downstream=downstream,
+    rt = streamjudge.configure(settings, tracer_provider=provider, downstream=downstream, judge=_Passes(),
                                backends_from_env=False, set_global=False)
     runtimes.append(rt)
     return rt
@@ -84,7 +98,7 @@ def _configure(runtimes: list[Runtime], provider: TracerProvider, downstream: Sp
 def _stream(rt: Runtime) -> None:
     tokens = [w + " " for w in ANSWER.split(" ")]
     list(streamjudge.guard(tokens, question="How tall is the tower?", contexts=CONTEXTS, runtime=rt))
-    assert rt.force_flush(10_000)
+    assert rt.force_flush(30_000)
 
 
 def _run(runtimes: list[Runtime], provider: TracerProvider, downstream: SpanProcessor) -> Runtime:
@@ -98,10 +112,17 @@ def _checkpoints(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
                   key=lambda s: s.attributes[semconv.CHECKPOINT_INDEX])  # type: ignore[index]
 
 
+# what the session puts on a checkpoint span (the rest is its verdict's, which depends on timing: a queued
+# checkpoint may be merged into the next one of its stream, "superseded")
+_OWN = (semconv.SPAN_TYPE, semconv.OPENINFERENCE_SPAN_KIND, semconv.CHECKPOINT_INDEX,
+        semconv.CHECKPOINT_CHAR_START, semconv.CHECKPOINT_CHAR_END, semconv.CHECKPOINT_SENTENCES,
+        semconv.CHECKPOINT_FINAL, semconv.CHECKPOINT_TEXT, semconv.CHECKPOINT_TEXT_LENGTH,
+        semconv.CHECKPOINT_TEXT_SHA256)
+
+
 def _stable(span: ReadableSpan) -> dict[str, Any]:
-    """A checkpoint span's attributes but those that differ between two runs (its stream, the judge's time)."""
-    varying = (semconv.STREAM_ID, semconv.EVAL_LATENCY_MS)
-    return {k: v for k, v in (span.attributes or {}).items() if k not in varying}
+    """The attributes the session put on a checkpoint span (its stream's id aside)."""
+    return {k: v for k, v in (span.attributes or {}).items() if k in _OWN}
 
 
 def _count_tracer_checkpoints(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -148,9 +169,10 @@ def test_ended_checkpoint_spans_export_as_the_sdks_do(
         assert f.resource == stream.resource and f.instrumentation_scope == stream.instrumentation_scope
         assert f.kind == s.kind == SpanKind.INTERNAL and f.status.status_code == s.status.status_code
         assert f.start_time is not None and f.end_time is not None and f.start_time <= f.end_time
-        assert _stable(f) == _stable(s)
-        assert [e.name for e in f.events] == [e.name for e in s.events]
-        assert semconv.EVAL_STATUS in f.attributes  # type: ignore[operator]  # enriched with its verdict
+        assert _stable(f) == _stable(s) and len(_stable(f)) >= 7
+        # enriched with its verdict, as the tracer's span is
+        assert f.attributes[semconv.EVAL_STATUS] in ("judged", "superseded")  # type: ignore[index]
+        assert s.attributes[semconv.EVAL_STATUS] in ("judged", "superseded")  # type: ignore[index]
         assert f.attributes[semconv.CHECKPOINT_TEXT]  # type: ignore[index]
     judged = [f for f in fast if f.attributes[semconv.EVAL_STATUS] == "judged"]  # type: ignore[index]
     assert judged and all(semconv.EVENT_EVALUATION_RESULT in [e.name for e in f.events] for f in judged)
