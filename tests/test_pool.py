@@ -179,6 +179,33 @@ def test_newer_checkpoint_supersedes_queued_older_one() -> None:
     pool.shutdown()
 
 
+def test_a_superseded_outcome_reaches_a_dispatcher_that_fell_asleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the submitting thread is descheduled right after it merged a queued checkpoint into a newer one; the
+    # dispatcher meanwhile judges the merged job and falls asleep. The older job's "superseded" must still be
+    # delivered: left for the dispatcher after the merge's lock, nothing woke it again (its stream waited out
+    # end_wait_s for the verdict, force_flush its whole deadline)
+    gate = threading.Event()
+    judge = GatedJudge(gate)
+    pool, cb = _busy_pool(judge)
+    pool.submit(job(judge, cb, stream_key=7, coalesce=True, item=EvalInput("q", (), "text 0")))
+    real_finish_later = pool._finish_later
+
+    def descheduled(done: JudgeJob, outcome: JobOutcome, **kw: object) -> None:
+        if outcome.status == "superseded":
+            gate.set()
+            deadline = time.monotonic() + 2
+            while not (pool._sleeping and not pool._queued) and time.monotonic() < deadline:
+                time.sleep(0.005)
+        real_finish_later(done, outcome, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pool, "_finish_later", descheduled)
+    pool.submit(job(judge, cb, stream_key=7, coalesce=True, item=EvalInput("q", (), "text 1")))
+    gate.set()
+    assert pool.force_flush(2_000)
+    assert cb.statuses() == ["judged", "judged", "superseded"]
+    pool.shutdown()
+
+
 def test_sampling_is_per_trace_and_deterministic() -> None:
     pool = JudgePool(sample_rate=0.5)
     cb = Collector()

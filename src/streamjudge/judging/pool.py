@@ -243,6 +243,7 @@ class JudgePool:
         self._judges.add(job.judge)
         refused: JobStatus | None = None
         superseded: JudgeJob | None = None
+        superseded_waits = False
         with self._lock:
             if self._closed:
                 refused = "shutdown"
@@ -263,6 +264,11 @@ class JudgePool:
                     self._queued_bytes += merged.size - superseded.size
                     merged.enqueued_at = superseded.enqueued_at
                     slot.job = merged
+                    # its outcome waits for the dispatcher in the same locked step that queues the merged
+                    # job: deferred after the lock, the dispatcher could take the merged job, finish it and
+                    # fall asleep in between, and nothing would wake it for this outcome (its stream then
+                    # waited out end_wait_s for the verdict, force_flush its whole deadline)
+                    superseded_waits = self._defer_locked(superseded, JobOutcome("superseded"))
                 elif self._queued >= self._queue_size or (
                     self._max_queue_bytes and self._queued_bytes + job.size > self._max_queue_bytes
                 ):
@@ -278,7 +284,8 @@ class JudgePool:
                 self._ensure_worker()
         if superseded is not None:
             # the merged job sits in the queue: the dispatcher delivers this outcome when it takes it
-            self._finish_later(superseded, JobOutcome("superseded"), wake=False)
+            if not superseded_waits:
+                self._finish(superseded, JobOutcome("superseded"))
             return True
         if refused is not None:
             self._finish_later(job, JobOutcome(refused))
@@ -286,22 +293,26 @@ class JudgePool:
         self._wake_if_sleeping()
         return True
 
-    def _finish_later(self, job: JudgeJob, outcome: JobOutcome, wake: bool = True) -> None:
+    def _finish_later(self, job: JudgeJob, outcome: JobOutcome) -> None:
         # outcomes decided at submit time (superseded, sampled out, over budget...) are delivered from the
         # pool's thread like all others: their callbacks (span enrichment, export) then cost the caller -
         # usually the thread streaming tokens - nothing, and count against the pool's CPU share
         with self._lock:
-            # bounded: past a queue's worth of undelivered refusals the caller delivers them itself
-            alive = (self._thread is not None and self._thread.is_alive() and not self._closed
-                     and len(self._deferred) < self._queue_size)
-            if alive:
-                self._deferred.append((job, outcome))
-                self._active += 1
+            alive = self._defer_locked(job, outcome)
         if alive:
-            if wake:
-                self._wake_if_sleeping()
+            self._wake_if_sleeping()
         else:
             self._finish(job, outcome)
+
+    def _defer_locked(self, job: JudgeJob, outcome: JobOutcome) -> bool:
+        """With the lock held: leave ``outcome`` for the dispatcher to deliver. False when the caller must
+        deliver it itself (no live dispatcher, or past a queue's worth of undelivered outcomes)."""
+        if (self._thread is None or not self._thread.is_alive() or self._closed
+                or len(self._deferred) >= self._queue_size):
+            return False
+        self._deferred.append((job, outcome))
+        self._active += 1
+        return True
 
     def _wake_if_sleeping(self) -> None:
         loop, wake = self._loop, self._wake
