@@ -30,9 +30,9 @@ from opentelemetry.trace import Link, SpanKind
 from opentelemetry.util.types import Attributes
 
 import streamjudge
+from _fakes import KeywordJudge
 from streamjudge import semconv
 from streamjudge.config import Settings
-from streamjudge.judging.base import EvalInput, JudgeResult, Score
 from streamjudge.runtime import Runtime
 
 ANSWER = ("The tower is 330 metres tall. It was completed in 1889. It stands in Paris. "
@@ -65,19 +65,6 @@ class _DropCheckpoints(Sampler):
         return "drop-checkpoints"
 
 
-class _Passes:
-    """Passes every sentence at once (these tests are about spans, not a judge's speed or scores)."""
-
-    name = "passes"
-    scores_sentences = True
-
-    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
-        return JudgeResult(self.name, tuple(Score(m, 1.0) for m in metrics))
-
-    async def aclose(self) -> None:
-        return None
-
-
 @pytest.fixture()
 def runtimes() -> Iterator[list[Runtime]]:
     made: list[Runtime] = []
@@ -89,7 +76,7 @@ def runtimes() -> Iterator[list[Runtime]]:
 def _configure(runtimes: list[Runtime], provider: TracerProvider, downstream: SpanProcessor) -> Runtime:
     settings = Settings(preflight=False, final_reconcile=False, window_sentences=2, window_chars=10_000,
                         judge_processes=0)
-    rt = streamjudge.configure(settings, tracer_provider=provider, downstream=downstream, judge=_Passes(),
+    rt = streamjudge.configure(settings, tracer_provider=provider, downstream=downstream, judge=KeywordJudge(),
                                backends_from_env=False, set_global=False)
     runtimes.append(rt)
     return rt
