@@ -31,7 +31,6 @@ from streamjudge.judging._telemetry import (
     ANSWER_KEYS,
     CHECKPOINT_KEYS,
     defer_final,
-    set_text,
     skip_attributes,
     text_attributes,
 )
@@ -717,14 +716,14 @@ class GuardSession:
             attrs[semconv.EVAL_STATUS] = "skipped"
             attrs[semconv.EVAL_SKIP_REASON] = self._skip_checks
         settings = self.settings
+        text = text_attributes(CHECKPOINT_KEYS, window.text, capture=settings.capture_content,
+                               limit=settings.max_text_attribute_chars)
         ended = self._ended
         cp: trace.Span | ReadableSpan | None = None
         if ended is not None and self._span is not None:
             # every attribute is known now: the span is made ended, without the SDK's live span (see
             # EndedSpans), where the provider's set-up lets nobody tell the difference
-            cp = ended.make(semconv.SPAN_CHECKPOINT, self._span, attrs, start_ns, end_ns,
-                            text_attributes(CHECKPOINT_KEYS, window.text, capture=settings.capture_content,
-                                            limit=settings.max_text_attribute_chars))
+            cp = ended.make(semconv.SPAN_CHECKPOINT, self._span, attrs, start_ns, end_ns, text)
         live = None
         if cp is None:
             parent = trace.set_span_in_context(self._span) if self._span is not None else None
@@ -732,8 +731,7 @@ class GuardSession:
                 semconv.SPAN_CHECKPOINT, context=parent, attributes=attrs, start_time=start_ns
             )
             if live.is_recording():
-                set_text(live, CHECKPOINT_KEYS, window.text, capture=settings.capture_content,
-                         limit=settings.max_text_attribute_chars)
+                live.set_attributes(text)  # one call: each takes the span's lock
         if judged and index in self._checkpoints:
             # before the span's end: the processor holds a span it was told to expect
             self._backend.service.submit(

@@ -39,11 +39,6 @@ def text_attributes(
     return out
 
 
-def set_text(span: trace.Span, keys: tuple[str, str, str], text: str, *, capture: bool, limit: int) -> None:
-    """Put :func:`text_attributes` on ``span`` (one call: each call takes the span's lock)."""
-    span.set_attributes(text_attributes(keys, text, capture=capture, limit=limit))
-
-
 ANSWER_KEYS = (semconv.STREAM_ANSWER, semconv.STREAM_ANSWER_LENGTH, semconv.STREAM_ANSWER_SHA256)
 CHECKPOINT_KEYS = (semconv.CHECKPOINT_TEXT, semconv.CHECKPOINT_TEXT_LENGTH, semconv.CHECKPOINT_TEXT_SHA256)
 

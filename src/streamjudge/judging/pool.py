@@ -283,7 +283,8 @@ class JudgePool:
             if refused is None:
                 self._ensure_worker()
         if superseded is not None:
-            # the merged job sits in the queue: the dispatcher delivers this outcome when it takes it
+            # its outcome was left for the dispatcher with the merge (above); delivered here only when no
+            # dispatcher can (none alive, or too many outcomes undelivered)
             if not superseded_waits:
                 self._finish(superseded, JobOutcome("superseded"))
             return True
