@@ -1,6 +1,7 @@
-"""Checkpoint spans made already ended (``streamjudge._sdk.EndedSpans``) where nobody could tell them from the
-SDK's, and through the tracer wherever someone could: a processor beside streamjudge's, a processor behind it
-with a start hook, a sampler that drops them, an attribute length limit."""
+"""Checkpoint spans made already ended (``streamjudge._sdk.EndedSpans``) and stream spans started without the
+SDK's start work (``streamjudge._sdk.LiveSpan``) where nobody could tell them from the SDK's, and through the
+tracer wherever someone could: a processor beside streamjudge's, a processor behind it with a start hook, a
+sampler that drops them, an attribute length limit."""
 
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     SamplingResult,
 )
-from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, StatusCode
 from opentelemetry.util.types import Attributes
 
 import streamjudge
 from _fakes import KeywordJudge
 from streamjudge import semconv
+from streamjudge._sdk import LiveSpan
 from streamjudge.config import Settings
 from streamjudge.runtime import Runtime
 
@@ -82,16 +84,24 @@ def _configure(runtimes: list[Runtime], provider: TracerProvider, downstream: Sp
     return rt
 
 
-def _stream(rt: Runtime) -> None:
+def _stream(rt: Runtime) -> Any:
     tokens = [w + " " for w in ANSWER.split(" ")]
-    list(streamjudge.guard(tokens, question="How tall is the tower?", contexts=CONTEXTS, runtime=rt))
+    stream = streamjudge.guard(tokens, question="How tall is the tower?", contexts=CONTEXTS, runtime=rt,
+                               attributes={"app.tags": ["a", "b"], "app.user": "u1"})
+    list(stream)
     assert rt.force_flush(30_000)
+    return stream.session.span
 
 
 def _run(runtimes: list[Runtime], provider: TracerProvider, downstream: SpanProcessor) -> Runtime:
     rt = _configure(runtimes, provider, downstream)
     _stream(rt)
     return rt
+
+
+def _stream_span(exporter: InMemorySpanExporter) -> ReadableSpan:
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == semconv.SPAN_STREAM]
+    return span
 
 
 def _checkpoints(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
@@ -191,3 +201,135 @@ def test_an_attribute_length_limit_applies_to_checkpoint_text(runtimes: list[Run
     assert not rt.ended_spans.usable()
     texts = [s.attributes[semconv.CHECKPOINT_TEXT] for s in _checkpoints(out)]  # type: ignore[index]
     assert texts and all(len(t) <= 12 for t in texts)  # type: ignore[arg-type]
+
+
+# a stream span's attributes that differ from run to run: its ids, times and the answer's hash are the same
+# text's, but the time to first token is not
+_VARYING = (semconv.STREAM_ID, semconv.STREAM_TTFT_MS)
+
+
+def test_stream_spans_export_as_the_sdks_do(runtimes: list[Runtime]) -> None:
+    fast_out = InMemorySpanExporter()
+    fast_rt = _configure(runtimes, TracerProvider(), SimpleSpanProcessor(fast_out))
+    live = _stream(fast_rt)
+    assert isinstance(live, LiveSpan) and isinstance(live, Span)  # the SDK's class, to whoever holds it
+    assert not live.is_recording()
+
+    slow_out = InMemorySpanExporter()
+    slow_provider = TracerProvider()
+    slow_provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    slow_rt = _configure(runtimes, slow_provider, SimpleSpanProcessor(slow_out))
+    sdk = _stream(slow_rt)
+    assert type(sdk) is not LiveSpan and isinstance(sdk, Span)
+
+    f, s = _stream_span(fast_out), _stream_span(slow_out)
+    assert f.parent is None and f.kind == s.kind == SpanKind.INTERNAL
+    assert f.context.trace_flags == s.context.trace_flags and f.context.trace_flags.sampled
+    assert f.resource == s.resource and f.instrumentation_scope == s.instrumentation_scope
+    assert f.status.status_code == s.status.status_code
+    assert f.start_time is not None and f.end_time is not None and f.start_time <= f.end_time
+    fa = {k: v for k, v in (f.attributes or {}).items() if k not in _VARYING}
+    sa = {k: v for k, v in (s.attributes or {}).items() if k not in _VARYING}
+    assert fa == sa and len(fa) >= 15
+    assert list(fa) == list(sa)  # in the same order
+    assert fa["app.tags"] == ("a", "b")  # cleaned as the SDK cleans: a list becomes a tuple
+    assert [e.name for e in f.events] == [e.name for e in s.events]
+    assert [dict(e.attributes or {}) for e in f.events] == [dict(e.attributes or {}) for e in s.events]
+    assert f.dropped_attributes == s.dropped_attributes == 0 and f.dropped_events == 0
+    # the checkpoints are its children, in its trace
+    cps = _checkpoints(fast_out)
+    assert cps and all(c.parent == f.context for c in cps)
+
+
+class _Counting(Sampler):
+    """ParentBased(ALWAYS_ON), counting the spans it was asked about by name."""
+
+    def __init__(self, decision: Decision = Decision.RECORD_AND_SAMPLE) -> None:
+        self.asked: list[str] = []
+        self.decision = decision
+
+    def should_sample(self, parent_context: Context | None, trace_id: int, name: str,
+                      kind: SpanKind | None = None, attributes: Attributes = None,
+                      links: Sequence[Link] | None = None, trace_state: Any = None) -> SamplingResult:
+        self.asked.append(name)
+        if name == semconv.SPAN_STREAM:
+            return SamplingResult(self.decision, attributes)
+        return ParentBased(ALWAYS_ON).should_sample(parent_context, trace_id, name, kind, attributes, links)
+
+    def get_description(self) -> str:
+        return "counting"
+
+
+@pytest.mark.parametrize("decision", [Decision.RECORD_AND_SAMPLE, Decision.RECORD_ONLY, Decision.DROP])
+def test_a_stream_span_is_sampled_once_as_the_tracer_samples(
+    runtimes: list[Runtime], decision: Decision
+) -> None:
+    sampler = _Counting(decision)
+    out = InMemorySpanExporter()
+    rt = _configure(runtimes, TracerProvider(sampler=sampler), SimpleSpanProcessor(out))
+    span = _stream(rt)
+    assert sampler.asked.count(semconv.SPAN_STREAM) == 1
+    flags = span.get_span_context().trace_flags
+    if decision is Decision.DROP:
+        assert type(span) is NonRecordingSpan and not flags.sampled
+        assert not out.get_finished_spans()
+    elif decision is Decision.RECORD_ONLY:
+        # recorded, not sampled: the processors get it (an exporter drops it), and nothing is judged
+        assert isinstance(span, LiveSpan) and not flags.sampled
+    else:
+        assert isinstance(span, LiveSpan) and flags.sampled
+        assert _stream_span(out).attributes[semconv.EVAL_STATUS] != "sampled_out"  # type: ignore[index]
+
+
+def test_a_stream_span_under_a_start_hook_comes_from_the_tracer(runtimes: list[Runtime]) -> None:
+    hook = _StartHook()
+    behind = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
+    behind.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    behind.add_span_processor(hook)
+    rt = _configure(runtimes, TracerProvider(), behind)
+    span = _stream(rt)
+    assert type(span) is not LiveSpan and hook.started.count(semconv.SPAN_STREAM) == 1
+
+
+def test_a_live_span_behaves_as_the_sdks(runtimes: list[Runtime]) -> None:
+    """What a holder of ``session.span`` may do with it, side by side with the SDK's span."""
+    limits = SpanLimits(max_span_attributes=4, max_events=2)
+    spans: list[ReadableSpan] = []
+    for fast in (True, False):
+        out = InMemorySpanExporter()
+        provider = TracerProvider(span_limits=limits)
+        if not fast:
+            provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+        rt = _configure(runtimes, provider, SimpleSpanProcessor(out))
+        span = rt.ended_spans.start("s", None, {"a": 1, "b": [1, 2]}, 1) if fast else None
+        if span is None:
+            span = rt.tracer.start_span("s", attributes={"a": 1, "b": [1, 2]}, start_time=1)
+        assert isinstance(span, LiveSpan) is fast
+        span.set_attributes({"c": "x", "a": 2})  # "a" set again: it moves to the end
+        span.set_attributes({"d": 1.5, "e": True})  # past the count limit: the oldest ("b") is evicted
+        span.set_attribute("f", ("p", "q"))
+        span.set_attributes({"": 1, "g": None})  # an empty key is dropped and counted
+        span.add_event("no attributes")
+        span.add_event("with", {"k": ["v"]}, timestamp=5)
+        span.add_event("third")  # past the event limit
+        span.set_status(StatusCode.ERROR, "broken")
+        span.update_name("renamed")
+        span.record_exception(ValueError("bad"))
+        span.end(end_time=10)
+        span.set_attributes({"late": 1})  # ended: refused
+        span.add_event("late")
+        spans.append(_stream_span_named(out, "renamed"))
+    f, s = spans
+    assert dict(f.attributes or {}) == dict(s.attributes or {})
+    assert list(f.attributes or {}) == list(s.attributes or {})
+    assert f.dropped_attributes == s.dropped_attributes > 0
+    assert [(e.name, dict(e.attributes or {}), e.timestamp if e.name == "with" else 0) for e in f.events] == [
+        (e.name, dict(e.attributes or {}), e.timestamp if e.name == "with" else 0) for e in s.events]
+    assert f.dropped_events == s.dropped_events > 0
+    assert (f.status.status_code, f.status.description) == (s.status.status_code, s.status.description)
+    assert (f.start_time, f.end_time) == (s.start_time, s.end_time) == (1, 10)
+
+
+def _stream_span_named(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == name]
+    return span

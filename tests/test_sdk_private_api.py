@@ -101,3 +101,18 @@ def test_what_ended_spans_read_off_the_tracer_is_still_there() -> None:
 
     multi.add_span_processor(Hooked())
     assert not _sdk.acts_only_on_end(multi)
+
+
+def test_a_live_span_has_every_field_of_the_sdks_span() -> None:
+    """``LiveSpan`` sets the SDK span's fields itself: an SDK that adds or renames one fails here."""
+    provider = TracerProvider()
+    tracer = provider.get_tracer("t")
+    sdk_span = tracer.start_span("s", attributes={"a": 1})
+    live = _sdk.LiveSpan(tracer, "s", sdk_span.get_span_context(), None, {"a": 1}, 1,  # type: ignore[arg-type]
+                         lambda: None)
+    assert set(vars(live)) == set(vars(sdk_span))
+    assert type(live._attributes) is type(sdk_span._attributes)  # type: ignore[attr-defined]
+    assert type(live._events) is type(sdk_span._events)  # type: ignore[attr-defined]
+    assert live._attributes._dict == {"a": 1}  # type: ignore[attr-defined]  # the store LiveSpan fills
+    assert not live._attributes._immutable  # type: ignore[attr-defined]
+    assert callable(tracer.id_generator.is_trace_id_random)  # type: ignore[attr-defined]

@@ -14,11 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context, attach, detach, get_current
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled, suppress_instrumentation
 from opentelemetry.sdk.trace import (
     ConcurrentMultiSpanProcessor,
+    Event,
     ReadableSpan,
+    Span,
     SpanProcessor,
     SynchronousMultiSpanProcessor,
 )
@@ -26,11 +29,13 @@ from opentelemetry.sdk.trace import Tracer as SDKTracer
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.sampling import Decision
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
-from opentelemetry.util.types import AttributeValue
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util.types import Attributes, AttributeValue
 
 __all__ = [
     "EndedSpans",
+    "LiveSpan",
     "is_instrumentation_enabled",
     "quiet_context",
     "remove_span_processor",
@@ -138,6 +143,12 @@ def acts_only_on_end(processor: SpanProcessor | None) -> bool:
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+_UNSET = Status(StatusCode.UNSET)
+# what the SDK gives an event added without attributes: an empty mapping that can never change, so one
+# serves every such event
+_NO_EVENT_ATTRIBUTES = BoundedAttributes(0, None, immutable=True)
+# values the SDK's attribute cleaning returns as they are (no length limit: see EndedSpans.usable)
+_PLAIN = frozenset({str, int, float, bool})
 
 
 class EndedSpans:
@@ -213,3 +224,121 @@ class EndedSpans:
     def end(self, span: ReadableSpan) -> None:
         """Hand ``span`` (from :meth:`make`) to the processors, as the SDK does when a span ends."""
         self._processor.on_end(span)
+
+    def start(
+        self, name: str, context: Context | None, attributes: dict[str, AttributeValue], start_ns: int,
+    ) -> trace.Span | None:
+        """The stream span ``name``, started at ``start_ns`` under ``context``'s span: a :class:`LiveSpan`,
+        the SDK's span without the start work nobody sees here, or None where it must come from the tracer
+        (see the class). Sampled exactly as the tracer samples (asked once, with the same arguments): a
+        span its sampler drops is the tracer's non-recording span."""
+        if not self.usable():
+            return None
+        tracer: SDKTracer = self._tracer  # type: ignore[assignment]
+        parent = trace.get_current_span(context).get_span_context()
+        if parent.is_valid:
+            trace_id = parent.trace_id
+            random_id = parent.trace_flags.random_trace_id
+            parent_ctx: SpanContext | None = parent
+        else:
+            trace_id = tracer.id_generator.generate_trace_id()
+            random_id = tracer.id_generator.is_trace_id_random()
+            parent_ctx = None
+        result = tracer.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, ())
+        decision = result.decision
+        sampled = decision is Decision.RECORD_AND_SAMPLE
+        flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
+        if random_id:
+            flags |= TraceFlags.RANDOM_TRACE_ID
+        ctx = SpanContext(trace_id, tracer.id_generator.generate_span_id(), is_remote=False,
+                          trace_flags=TraceFlags(flags), trace_state=result.trace_state)
+        end_metrics = tracer._tracer_metrics.start_span(parent_ctx, decision)
+        if not sampled and decision is not Decision.RECORD_ONLY:
+            return trace.NonRecordingSpan(ctx)
+        return LiveSpan(tracer, name, ctx, parent_ctx, result.attributes, start_ns, end_metrics)
+
+
+def _plain(attributes: Any) -> bool:
+    # keys and values the SDK's cleaning keeps as they are
+    for key, value in attributes.items():
+        if key.__class__ is not str or not key or value.__class__ not in _PLAIN:
+            return False
+    return True
+
+
+class LiveSpan(Span):
+    """The SDK's span, started without the work that nobody sees where :class:`EndedSpans` may be used:
+    the processors' start hooks (all do nothing there), the cleaning of values known to need none.
+
+    A stream span lives as long as its answer and is streamjudge's largest cost per stream: made, given its
+    dozen attributes at the end, an event and ended through the tracer, it was 50-65 µs of the app's loop
+    per stream with 500 streams live (``benchmarks/bench_scale.py``), where every stream's start is
+    another's late token. It is the SDK's own class, so whoever holds it (``GuardSession.span`` is public)
+    sees the SDK's span: every method but these three is the SDK's, and its end is the SDK's end (the
+    processors' ending and end hooks, the span metrics). Only:
+
+    - it starts without calling the processors' ``on_start`` (none acts on it: ``EndedSpans.usable``);
+    - ``set_attributes`` stores plain values (str, int, float, bool: what the SDK's cleaning returns
+      unchanged, with no length limit) without that cleaning; anything else is cleaned as the SDK does;
+    - an event without attributes shares one empty, immutable mapping instead of making its own.
+    """
+
+    def __init__(
+        self, tracer: SDKTracer, name: str, context: SpanContext, parent: SpanContext | None,
+        attributes: Attributes, start_ns: int, end_metrics: Callable[[], None],
+    ) -> None:
+        # every field the SDK's constructor sets (tests/test_sdk_private_api.py compares the two), with the
+        # tracer's values as its start_span passes them
+        limits = tracer._span_limits
+        self._name = name
+        self._context = context
+        self._kind = SpanKind.INTERNAL
+        self._instrumentation_info = tracer.instrumentation_info
+        self._instrumentation_scope = tracer._instrumentation_scope
+        self._parent = parent
+        self._start_time = start_ns
+        self._end_time: int | None = None
+        self._resource = tracer.resource
+        self._status = _UNSET
+        self._sampler = tracer.sampler
+        self._trace_config = None
+        self._record_exception = True
+        self._set_status_on_exception = True
+        self._span_processor = tracer.span_processor
+        self._limits = limits
+        self._lock = threading.Lock()
+        self._attributes = BoundedAttributes(limits.max_span_attributes, immutable=False,
+                                             max_value_len=limits.max_span_attribute_length)
+        self._events = BoundedList(limits.max_events)
+        self._links = BoundedList(limits.max_links)
+        self._record_end_metrics = end_metrics
+        if attributes:
+            self.set_attributes(attributes)
+
+    def set_attributes(self, attributes: Any) -> None:
+        """As the SDK's; plain values under string keys are stored without its per-value cleaning."""
+        bounded: BoundedAttributes = self._attributes  # type: ignore[assignment]
+        stored = bounded._dict
+        if (self._end_time is not None or bounded._immutable
+                or (bounded.maxlen is not None and len(stored) + len(attributes) > bounded.maxlen)
+                or not _plain(attributes)):
+            super().set_attributes(attributes)  # cleaned, counted, evicted or refused as the SDK does
+            return
+        with self._lock:
+            ended = self._end_time is not None
+            if not ended:
+                with bounded._lock:
+                    for key in attributes:
+                        if key in stored:  # a key set again moves to the end, as in the SDK's mapping
+                            del stored[key]
+                    stored.update(attributes)
+        if ended:  # ended meanwhile, on another thread
+            super().set_attributes(attributes)  # the SDK's warning; nothing is set
+
+    def add_event(self, name: str, attributes: Attributes = None, timestamp: int | None = None) -> None:
+        """As the SDK's."""
+        if attributes:
+            super().add_event(name, attributes, timestamp)
+        else:
+            self._add_event(Event(name=name, attributes=_NO_EVENT_ATTRIBUTES, timestamp=timestamp))
+

@@ -285,8 +285,12 @@ class GuardSession:
         }
         if self._attributes:
             attrs.update(self._attributes)
-        span = backend.tracer.start_span(self._name, context=self._parent, attributes=attrs,
-                                         start_time=self._start_ns)
+        # where nobody could tell the difference, the SDK's span without its start hooks (see LiveSpan)
+        ended = self._ended
+        span = ended.start(self._name, self._parent, attrs, self._start_ns) if ended is not None else None
+        if span is None:
+            span = backend.tracer.start_span(self._name, context=self._parent, attributes=attrs,
+                                             start_time=self._start_ns)
         self._span = span
         ctx = span.get_span_context()
         self._span_id = ctx.span_id
