@@ -27,12 +27,12 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     SamplingResult,
 )
-from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, StatusCode
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, StatusCode
 from opentelemetry.util.types import Attributes
 
 import streamjudge
 from _fakes import KeywordJudge
-from streamjudge import semconv
+from streamjudge import _sdk, semconv
 from streamjudge._sdk import LiveSpan
 from streamjudge.config import Settings
 from streamjudge.runtime import Runtime
@@ -294,6 +294,7 @@ def test_a_stream_span_under_a_start_hook_comes_from_the_tracer(runtimes: list[R
 def test_a_live_span_behaves_as_the_sdks(runtimes: list[Runtime]) -> None:
     """What a holder of ``session.span`` may do with it, side by side with the SDK's span."""
     limits = SpanLimits(max_span_attributes=4, max_events=2)
+    linked = SpanContext(1, 2, is_remote=True)
     spans: list[ReadableSpan] = []
     for fast in (True, False):
         out = InMemorySpanExporter()
@@ -312,6 +313,7 @@ def test_a_live_span_behaves_as_the_sdks(runtimes: list[Runtime]) -> None:
         span.add_event("no attributes")
         span.add_event("with", {"k": ["v"]}, timestamp=5)
         span.add_event("third")  # past the event limit
+        span.add_link(linked, {"why": "retry"})
         span.set_status(StatusCode.ERROR, "broken")
         span.update_name("renamed")
         span.record_exception(ValueError("bad"))
@@ -328,6 +330,9 @@ def test_a_live_span_behaves_as_the_sdks(runtimes: list[Runtime]) -> None:
     assert f.dropped_events == s.dropped_events > 0
     assert (f.status.status_code, f.status.description) == (s.status.status_code, s.status.description)
     assert (f.start_time, f.end_time) == (s.start_time, s.end_time) == (1, 10)
+    assert [(k.context, dict(k.attributes or {})) for k in f.links] == [
+        (k.context, dict(k.attributes or {})) for k in s.links] == [(linked, {"why": "retry"})]
+    assert not _sdk._NONE_YET and _sdk._NONE_YET.dropped == 0  # the shared empty list stays empty
 
 
 def _stream_span_named(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:

@@ -149,6 +149,8 @@ _UNSET = Status(StatusCode.UNSET)
 _NO_EVENT_ATTRIBUTES = BoundedAttributes(0, None, immutable=True)
 # values the SDK's attribute cleaning returns as they are (no length limit: see EndedSpans.usable)
 _PLAIN = frozenset({str, int, float, bool})
+# a live span's events and links until it has one (never added to: it holds nothing, ever)
+_NONE_YET: BoundedList[Any] = BoundedList(0)  # type: ignore[no-untyped-call]
 
 
 class EndedSpans:
@@ -280,7 +282,8 @@ class LiveSpan(Span):
     - it starts without calling the processors' ``on_start`` (none acts on it: ``EndedSpans.usable``);
     - ``set_attributes`` stores plain values (str, int, float, bool: what the SDK's cleaning returns
       unchanged, with no length limit) without that cleaning; anything else is cleaned as the SDK does;
-    - an event without attributes shares one empty, immutable mapping instead of making its own.
+    - an event without attributes shares one empty, immutable mapping instead of making its own;
+    - its lists of events and links are made by the first of each.
     """
 
     def __init__(
@@ -309,8 +312,10 @@ class LiveSpan(Span):
         self._lock = threading.Lock()
         self._attributes = BoundedAttributes(limits.max_span_attributes, immutable=False,
                                              max_value_len=limits.max_span_attribute_length)
-        self._events = BoundedList(limits.max_events)
-        self._links = BoundedList(limits.max_links)
+        # made by the first event or link: most of a stream's life has none (each list is three objects
+        # more for the cyclic GC to track per live stream)
+        self._events = _NONE_YET
+        self._links = _NONE_YET
         self._record_end_metrics = end_metrics
         if attributes:
             self.set_attributes(attributes)
@@ -337,8 +342,19 @@ class LiveSpan(Span):
 
     def add_event(self, name: str, attributes: Attributes = None, timestamp: int | None = None) -> None:
         """As the SDK's."""
+        if self._events is _NONE_YET:
+            with self._lock:
+                if self._events is _NONE_YET:
+                    self._events = BoundedList(self._limits.max_events)
         if attributes:
             super().add_event(name, attributes, timestamp)
         else:
             self._add_event(Event(name=name, attributes=_NO_EVENT_ATTRIBUTES, timestamp=timestamp))
 
+    def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
+        """As the SDK's."""
+        if self._links is _NONE_YET:
+            with self._lock:
+                if self._links is _NONE_YET:
+                    self._links = BoundedList(self._limits.max_links)
+        super().add_link(context, attributes)

@@ -162,6 +162,25 @@ _RACE_GAP_S = 0.0015
 _GAP_SAMPLE = 8
 
 
+def _open_stream(s: GuardSession, opened: list[list[StreamEvent] | Exception],
+                 deferred: list[Callable[[], None]], at_once: bool) -> None:
+    """Start ``s`` once, keeping start()'s events (or its failure, when run by the loop) in ``opened``."""
+    if opened:
+        return
+    try:
+        opened.append(s.start())
+    except Exception as exc:  # raised in the driver, as a start() there would
+        if not at_once:
+            raise
+        opened.append(exc)
+        return
+    if at_once:
+        # run by the loop while the source works on its first token: the pre-flight request start() made
+        # goes out now, not after that token
+        while deferred:
+            deferred.pop()()
+
+
 def _unless_done(fut: asyncio.Future[Any], work: Callable[[], None],
                  later: Callable[[Callable[[], None]], None]) -> None:
     if fut.done():
@@ -197,8 +216,6 @@ class GuardedStream:
         # would run ahead of a racing source task's first step and push back the source's own timer
         deferred: list[Callable[[], None]] = []
         s.set_deferral(deferred.append)
-        call_soon = loop.call_soon
-        create_task = loop.create_task
         source: AsyncIterator[Any] = _to_async(self._source)
         nxt: asyncio.Future[Any] | None = None
         outcome = "completed"
@@ -206,47 +223,37 @@ class GuardedStream:
         timer = 1  # tokens until the next timed one: the first token awaited with verdicts in flight
         nxt_started = 0.0
         first: Any = _NO_TOKEN  # the source's first token, when it was asked for before start()
-        opened: list[list[StreamEvent] | Exception] = []  # start()'s events (or its failure), once it ran
         late = s.prepare_late_start()
         burst = 0  # tokens appended to the session's held list by the main loop, not yet counted by it
-
-        def open_stream(at_once: bool) -> None:
-            if opened:
-                return
-            try:
-                opened.append(s.start())
-            except Exception as exc:  # raised in the driver, as a start() there would
-                if not at_once:
-                    raise
-                opened.append(exc)
-                return
-            if at_once:
-                # run by the loop while the source works on its first token: the pre-flight request start()
-                # made goes out now, not after that token
-                while deferred:
-                    deferred.pop()()
-
+        # the frame of this generator lives as long as the stream: what it keeps is kept per live stream for
+        # the cyclic GC to track (with hundreds live, a whole-heap collection comes sooner). So no closure
+        # (its cells), and what only the start needs is dropped after it
         try:
             if late:
                 # the source is asked for its first token before the stream's span and its inputs are made:
                 # that work (~0.1 ms) then runs while the model works on the token instead of before the
                 # request for it, and streams that start together do not queue their first tokens behind
                 # each other's start
-                opening = call_soon(open_stream, True)
+                opened: list[list[StreamEvent] | Exception] = []  # start()'s events (or its failure)
+                opening = loop.call_soon(_open_stream, s, opened, deferred, True)
                 try:
                     first = await source.__anext__()
                 except StopAsyncIteration:
                     source = _EXHAUSTED
                 finally:
                     opening.cancel()
-                    open_stream(False)  # the source had its token at hand, or failed: start() runs now
-                events = opened[0]
+                    del opening
+                    # the source had its token at hand, or failed: start() runs now
+                    _open_stream(s, opened, deferred, False)
+                events = opened.pop()
+                del opened
                 if isinstance(events, Exception):
                     raise events
             else:
                 events = s.start()
             for ev in events:
                 yield ev
+            del events
             hold = s.hold_back  # decided by start(): an unjudged stream holds nothing back
             if s.preflight_blocks and not s.stopped:
                 # the gate may stop the answer: not even the first token is asked for before its verdict
@@ -261,7 +268,7 @@ class GuardedStream:
                     # the pre-flight request, after the source task's first step: out at once while the
                     # model works on its first token, else kept for when the loop next waits (a source
                     # that already has its tokens would have the pool's thread judge under its feet)
-                    call_soon(_unless_done, nxt, deferred.pop(), deferred.append)
+                    loop.call_soon(_unless_done, nxt, deferred.pop(), deferred.append)
                 # one loop pass runs the source task's first step: a source with its first token at hand
                 # is done then, and needs no future, timer and callbacks to race the gate's verdict
                 await asyncio.sleep(0)
@@ -272,20 +279,22 @@ class GuardedStream:
                     await waker.wait(nxt, deadline - loop.time())
                     for ev in s.drain():
                         yield ev
-            accept = s.accept
             new_event = _new_event
             if nxt is None and not s.judging and not hold and not s.stopped and not s.has_events:
                 # nothing will judge this stream (sampled out, skipped at start), so no verdict can come
                 # and a token needs no more than the text kept for the answer span: after the first one
                 # (which accept() times) a plain token is a list append here, not a call into the session
                 # and its windows. With hundreds of streams live, every object a token touches is likely
-                # out of the CPU's cache, so touching none of them is most of the saving
+                # out of the CPU's cache, so touching none of them is most of the saving. Nor does it need a
+                # wake-up or deferred work: the session lets go of both (two objects fewer per live stream)
+                s.set_notify(None)
+                s.set_deferral(None)
                 sink: list[str] | None = None
                 plain = 0  # tokens appended to the sink and not yet counted by the session
                 if first is not _NO_TOKEN:
                     tok, first = first, _NO_TOKEN
                     try:
-                        text = accept(tok)
+                        text = s.accept(tok)
                     except Exception:  # as below: pass the stream through
                         _log.exception("streamjudge: guard failed on a token; passing it through")
                         text = tok if isinstance(tok, str) else None
@@ -302,7 +311,7 @@ class GuardedStream:
                         s.passed(plain)
                         plain = 0
                         try:
-                            text = accept(tok)
+                            text = s.accept(tok)
                         except Exception:  # as below: pass the stream through
                             _log.exception("streamjudge: guard failed on a token; passing it through")
                             text = tok if isinstance(tok, str) else None
@@ -313,6 +322,10 @@ class GuardedStream:
                 finally:
                     s.passed(plain)
                 source = _EXHAUSTED  # the source ended: the loop below goes straight to the end
+            # bound once for the token loop below (a judged stream's: a stream nothing judges keeps none)
+            accept = s.accept
+            call_soon = loop.call_soon
+            create_task = loop.create_task
             pending = s._pending  # the set itself: its truthiness is the cheapest "verdicts in flight?"
             broken = False
             while True:  # one round per token source: the app's, then each regeneration's

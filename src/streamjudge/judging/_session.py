@@ -175,12 +175,13 @@ class GuardSession:
         # deferred work waits for the loop's next pass and tokens go to _held meanwhile (see accept)
         self._holding = False
         self._scanning = False  # _scan_held closes windows: the send that follows it takes them
-        self._to_send: list[tuple[Window, int, int, bool]] = []
+        # made by the first window that waits (like the events below: one list fewer per live stream)
+        self._to_send: list[tuple[Window, int, int, bool]] | None = None
         self._preflight_due: JudgeRequest | None = None  # made, not sent yet (see _preflight)
         # verdicts from the pool's thread
         self._inbox: deque[Verdict] | None = None  # made by start() for a judged stream
         self._notify: Callable[[], None] | None = None
-        self._out: list[StreamEvent] = []
+        self._out: list[StreamEvent] | None = None
         self.has_events = False
         self.stopped = False
         self.preflight_pending = False
@@ -673,7 +674,10 @@ class GuardSession:
                 if not self._to_send and self._preflight_due is None:
                     self._defer(self._send_deferred)
                 self._holding = self._held is not None
-            self._to_send.append((window, index, started, final))
+            if self._to_send is None:
+                self._to_send = [(window, index, started, final)]
+            else:
+                self._to_send.append((window, index, started, final))
         if not judged and self.hold_back:
             self._release(index)
             del self._checkpoints[index]
@@ -695,10 +699,11 @@ class GuardSession:
         if self._preflight_due is not None:
             request, self._preflight_due = self._preflight_due, None
             self._backend.service.submit(request)
-        to_send, self._to_send = self._to_send, []
-        now = time.time_ns()
-        for window, index, started, final in to_send:
-            self._send(window, index, started, now, final)
+        to_send, self._to_send = self._to_send, None
+        if to_send:
+            now = time.time_ns()
+            for window, index, started, final in to_send:
+                self._send(window, index, started, now, final)
 
     def _send(self, window: Window, index: int, start_ns: int, end_ns: int, final: bool) -> None:
         """Make the checkpoint span and send its request to the judging service."""
@@ -877,21 +882,27 @@ class GuardSession:
         return order
 
     def _emit_tokens(self, tokens: list[str]) -> None:
-        out = self._out
-        for t in tokens:
-            out.append(StreamEvent("token", t))
         if tokens:
+            out = self._outbox()
+            for t in tokens:
+                out.append(StreamEvent("token", t))
             self.has_events = True
 
     def _emit(self, event: StreamEvent) -> None:
-        self._out.append(event)
+        self._outbox().append(event)
         self.has_events = True
 
+    def _outbox(self) -> list[StreamEvent]:
+        out = self._out
+        if out is None:
+            out = self._out = []
+        return out
+
     def _take(self) -> list[StreamEvent]:
-        out, self._out = self._out, []
+        out, self._out = self._out, None
         if self.regen_request is not None or self._inbox:  # None or empty: nothing more waits
             self.has_events = True
-        return out
+        return out if out is not None else []
 
     def _record_skip(self, what: str, reason: str) -> None:
         # one event per distinct reason (a flood of drops must not push other events out of the span's
