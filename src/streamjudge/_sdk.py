@@ -276,7 +276,7 @@ class LiveSpan(Span):
     dozen attributes at the end, an event and ended through the tracer, it was 50-65 µs of the app's loop
     per stream with 500 streams live (``benchmarks/bench_scale.py``), where every stream's start is
     another's late token. It is the SDK's own class, so whoever holds it (``GuardSession.span`` is public)
-    sees the SDK's span: every method but these three is the SDK's, and its end is the SDK's end (the
+    sees the SDK's span: every method but the three below is the SDK's, and its end is the SDK's end (the
     processors' ending and end hooks, the span metrics). Only:
 
     - it starts without calling the processors' ``on_start`` (none acts on it: ``EndedSpans.usable``);

@@ -175,13 +175,14 @@ class GuardSession:
         # deferred work waits for the loop's next pass and tokens go to _held meanwhile (see accept)
         self._holding = False
         self._scanning = False  # _scan_held closes windows: the send that follows it takes them
-        # made by the first window that waits (like the events below: one list fewer per live stream)
+        # made by the first window that waits, as the outbox below by the first event: each is a list fewer
+        # for the cyclic GC per live stream (most streams never have either for most of their life)
         self._to_send: list[tuple[Window, int, int, bool]] | None = None
         self._preflight_due: JudgeRequest | None = None  # made, not sent yet (see _preflight)
         # verdicts from the pool's thread
         self._inbox: deque[Verdict] | None = None  # made by start() for a judged stream
         self._notify: Callable[[], None] | None = None
-        self._out: list[StreamEvent] | None = None
+        self._out: list[StreamEvent] | None = None  # events for the driver (see _outbox)
         self.has_events = False
         self.stopped = False
         self.preflight_pending = False
