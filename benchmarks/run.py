@@ -269,6 +269,100 @@ def bench_hot_path(samples: list[tuple[str, str, bool]], repeats: int) -> dict[s
     }
 
 
+# --- the loop's CPU with a token source woken by I/O ---------------------------------------------
+
+# one model server for a whole run: every answer's tokens, one per line every `delay` seconds (on an absolute
+# schedule, as _PRODUCER), a "null" line after each answer; started once, so spawning it is not in the figure
+_STREAMS_PRODUCER = r"""
+import json, sys, time
+delay = float(sys.argv[1])
+streams = json.loads(sys.stdin.readline())
+due = time.perf_counter()
+for toks in streams:
+    for t in toks:
+        due += delay
+        if (left := due - time.perf_counter()) > 0.002:
+            time.sleep(left - 0.002)
+        while time.perf_counter() < due:
+            pass
+        sys.stdout.write(json.dumps(t) + "\n")
+        sys.stdout.flush()
+    sys.stdout.write("null\n")
+    sys.stdout.flush()
+"""
+
+
+async def io_loop_cpu(streams: Streams, delay: float, guarded: bool) -> float:
+    """The loop thread's CPU over whole streams whose tokens come from another process over a pipe, read a
+    line at a time as an app reads a model's HTTP stream: the loop wakes when bytes arrive and decodes each
+    token (with ``guarded``, through :func:`streamjudge.guard`, start to ``done``)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _STREAMS_PRODUCER, str(delay),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    reader = proc.stdout
+    proc.stdin.write((json.dumps([toks for _c, toks, _q in streams]) + "\n").encode())
+    await proc.stdin.drain()
+    proc.stdin.close()
+
+    async def answer() -> AsyncIterator[str]:
+        while (tok := json.loads(await reader.readline())) is not None:
+            yield tok
+
+    cpu0 = time.thread_time()
+    for ctx, _toks, q in streams:
+        if guarded:
+            async for ev in streamjudge.guard(answer(), question=q, contexts=ctx):
+                if ev.type == "token":
+                    frame(ev.text)
+        else:
+            async for tok in answer():
+                frame(tok)
+    cpu = time.thread_time() - cpu0
+    await proc.wait()
+    return cpu
+
+
+def bench_io_source(
+    samples: list[tuple[str, str, bool]], repeats: int, delay: float = 0.0005,
+    settings: Settings | None = None,
+) -> dict[str, Any]:
+    """The hot path's CPU goal with a token source woken by I/O (issue 13 asks for one): the same chat-length
+    answers as the hot path, 2,000 tokens/s from another process, defaults (the local judge). The bare loop
+    here pays what an app pays per token it reads (the wake-up, the read, the decoding), which a loop pass
+    per token (``yielding``) leaves out; plain and guarded runs alternate, each figure the best of
+    ``repeats``."""
+    streams: Streams = []
+    for i in range(0, min(len(samples), 60) - 4, 5):
+        group = samples[i : i + 5]
+        streams.append((tuple(c for c, _a, _b in group), tokenize(" ".join(a for _c, a, _b in group)),
+                        "Summarize the passages."))
+    tokens = sum(len(t) for _c, t, _q in streams)
+    rt = streamjudge.configure(settings or Settings(), downstream=_Discard(), set_global=False)
+    plain: list[float] = []
+    guarded: list[float] = []
+    try:
+        asyncio.run(io_loop_cpu(streams[:2], delay, True))  # warm imports, as a running server has them
+        for _ in range(repeats):
+            gc.collect()
+            plain.append(asyncio.run(io_loop_cpu(streams, delay, False)))
+            gc.collect()
+            guarded.append(asyncio.run(io_loop_cpu(streams, delay, True)))
+        rt.force_flush(30_000)
+    finally:
+        rt.shutdown()
+    ratios = sorted(g / p for p, g in zip(plain, guarded, strict=True))
+    return {
+        "io_source_tokens": tokens,
+        "io_source_tokens_per_s": round(1 / delay),
+        "io_bare_loop_cpu_us_per_token": round(min(plain) / tokens * 1e6, 2),
+        "io_loop_cpu_us_per_token_added": round((min(guarded) - min(plain)) / tokens * 1e6, 2),
+        "io_loop_cpu_vs_bare": round(min(guarded) / min(plain), 3),
+        "io_loop_cpu_vs_bare_spread": f"[{ratios[0]:.3f}-{ratios[-1]:.3f}]",
+    }
+
+
 # --- inter-token latency under a slow judge ------------------------------------------------------
 
 
@@ -484,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"quick": q, "data": "faithbench-dev" if DATA.exists() else "built-in"}
     sections = (
         ("hot path", lambda: bench_hot_path(samples, repeats=3 if q else 7)),
+        ("hot path, tokens from another process", lambda: bench_io_source(samples, repeats=3 if q else 6)),
         (
             "inter-token latency",
             lambda: bench_itl(samples, n_streams=40 if q else 120, delay=0.005, n_naive=12 if q else 40),
@@ -509,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
             results["per_token_overhead_us_per_window"] <= 1.0
         ),
         "goal_judged_loop_cpu_le_2x_bare_per_window": results["loop_cpu_per_window_vs_bare"] <= 2.0,
+        # and with tokens read from another process, the loop woken by I/O for each
+        "goal_judged_loop_cpu_le_2x_bare_io_source": results["io_loop_cpu_vs_bare"] <= 2.0,
         "goal_itl_p99_within_5pct": results["itl_p99_ratio_vs_no_judge"] <= 1.05,
         "goal_itl_p99_within_5pct_timer_source": results["itl_timer_source_p99_ratio_vs_no_judge"] <= 1.05,
         "goal_alert_p50_local_lt_5ms": results["alert_p50_ms_local"] < 5.0,
