@@ -59,14 +59,17 @@ async def source(tokens):
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", PRODUCER, str(delay),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-    proc.stdin.write((json.dumps(list(tokens)) + "\n").encode())
+    proc.stdin.write((json.dumps([list(tokens)]) + "\n").encode())  # one answer
     await proc.stdin.drain()
     proc.stdin.close()
     first = True
     async for line in proc.stdout:
         if first:  # the clock starts at the model's first token, not at its process start
             first, FIRST[0] = False, time.perf_counter()
-        yield json.loads(line)
+        tok = json.loads(line)
+        if tok is None:  # the end of the answer
+            break
+        yield tok
     await proc.wait()
 
 async def measure(stream):

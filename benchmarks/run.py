@@ -106,38 +106,55 @@ async def source(tokens: Sequence[str], delay: float = 0.0) -> AsyncIterator[str
         yield t
 
 
-# a model server in another process: one token per line on its stdout every `delay` seconds, on an absolute
-# schedule; it sleeps until 2 ms before each token and spins the rest, so its own wake-up jitter (1-3 ms on a
-# small VM) does not blur the comparison
+# a model server in another process: the answers it reads as one JSON list of token lists, one token per line
+# on its stdout every `delay` seconds and a "null" line after each answer, on an absolute schedule; it sleeps
+# until 2 ms before each token and spins the rest, so its own wake-up jitter (1-3 ms on a small VM) does not
+# blur the comparison
 _PRODUCER = r"""
 import json, sys, time
 delay = float(sys.argv[1])
-tokens = json.loads(sys.stdin.readline())
+streams = json.loads(sys.stdin.readline())
 due = time.perf_counter()
-for t in tokens:
-    due += delay
-    if (left := due - time.perf_counter()) > 0.002:
-        time.sleep(left - 0.002)
-    while time.perf_counter() < due:
-        pass
-    sys.stdout.write(json.dumps(t) + "\n")
+for toks in streams:
+    for t in toks:
+        due += delay
+        if (left := due - time.perf_counter()) > 0.002:
+            time.sleep(left - 0.002)
+        while time.perf_counter() < due:
+            pass
+        sys.stdout.write(json.dumps(t) + "\n")
+        sys.stdout.flush()
+    sys.stdout.write("null\n")
     sys.stdout.flush()
 """
 
 
-async def model_process(tokens: Sequence[str], delay: float) -> AsyncIterator[str]:
-    """Tokens streamed by another process over a pipe, read the way an app reads a model's HTTP stream:
-    the event loop wakes when bytes arrive, not on a timer of its own."""
+async def _producer(streams: Sequence[Sequence[str]], delay: float) -> asyncio.subprocess.Process:
+    """The model server of ``_PRODUCER``, given ``streams``: its stdout has their tokens."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _PRODUCER, str(delay),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
     )
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write((json.dumps(list(tokens)) + "\n").encode())
+    proc.stdin.write((json.dumps([list(t) for t in streams]) + "\n").encode())
     await proc.stdin.drain()
     proc.stdin.close()
-    async for line in proc.stdout:
-        yield json.loads(line)
+    return proc
+
+
+async def _answer(reader: asyncio.StreamReader) -> AsyncIterator[str]:
+    # one answer's tokens from a producer's stdout, a line each, up to its "null"
+    while (tok := json.loads(await reader.readline())) is not None:
+        yield tok
+
+
+async def model_process(tokens: Sequence[str], delay: float) -> AsyncIterator[str]:
+    """Tokens streamed by another process over a pipe, read the way an app reads a model's HTTP stream:
+    the event loop wakes when bytes arrive, not on a timer of its own."""
+    proc = await _producer([tokens], delay)
+    assert proc.stdout is not None
+    async for tok in _answer(proc.stdout):
+        yield tok
     await proc.wait()
 
 
@@ -271,53 +288,22 @@ def bench_hot_path(samples: list[tuple[str, str, bool]], repeats: int) -> dict[s
 
 # --- the loop's CPU with a token source woken by I/O ---------------------------------------------
 
-# one model server for a whole run: every answer's tokens, one per line every `delay` seconds (on an absolute
-# schedule, as _PRODUCER), a "null" line after each answer; started once, so spawning it is not in the figure
-_STREAMS_PRODUCER = r"""
-import json, sys, time
-delay = float(sys.argv[1])
-streams = json.loads(sys.stdin.readline())
-due = time.perf_counter()
-for toks in streams:
-    for t in toks:
-        due += delay
-        if (left := due - time.perf_counter()) > 0.002:
-            time.sleep(left - 0.002)
-        while time.perf_counter() < due:
-            pass
-        sys.stdout.write(json.dumps(t) + "\n")
-        sys.stdout.flush()
-    sys.stdout.write("null\n")
-    sys.stdout.flush()
-"""
-
-
 async def io_loop_cpu(streams: Streams, delay: float, guarded: bool) -> float:
     """The loop thread's CPU over whole streams whose tokens come from another process over a pipe, read a
     line at a time as an app reads a model's HTTP stream: the loop wakes when bytes arrive and decodes each
     token (with ``guarded``, through :func:`streamjudge.guard`, start to ``done``)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _STREAMS_PRODUCER, str(delay),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
+    # one producer for the whole run, started before the clock: spawning it is not the loop's token work
+    proc = await _producer([toks for _c, toks, _q in streams], delay)
+    assert proc.stdout is not None
     reader = proc.stdout
-    proc.stdin.write((json.dumps([toks for _c, toks, _q in streams]) + "\n").encode())
-    await proc.stdin.drain()
-    proc.stdin.close()
-
-    async def answer() -> AsyncIterator[str]:
-        while (tok := json.loads(await reader.readline())) is not None:
-            yield tok
-
     cpu0 = time.thread_time()
     for ctx, _toks, q in streams:
         if guarded:
-            async for ev in streamjudge.guard(answer(), question=q, contexts=ctx):
+            async for ev in streamjudge.guard(_answer(reader), question=q, contexts=ctx):
                 if ev.type == "token":
                     frame(ev.text)
         else:
-            async for tok in answer():
+            async for tok in _answer(reader):
                 frame(tok)
     cpu = time.thread_time() - cpu0
     await proc.wait()
