@@ -60,15 +60,9 @@ WARM_STREAMS = 3  # streamed before counting: imports, caches and the judge pool
 
 
 def _streams(n: int) -> list[tuple[tuple[str, ...], list[str], str]]:
-    from run import load_samples, tokenize
+    from run import chat_streams, load_samples
 
-    samples = load_samples(5 * n + 5)
-    out = []
-    for i in range(0, len(samples) - 4, 5):
-        group = samples[i : i + 5]
-        ctx = tuple(c for c, _a, _b in group)
-        out.append((ctx, tokenize(" ".join(a for _c, a, _b in group)), "Summarize the passages."))
-    return out[:n]
+    return chat_streams(load_samples(5 * n + 5))[:n]
 
 
 # --- the child: one variant, counted ------------------------------------------------------------------

@@ -210,14 +210,19 @@ async def sse_guarded(streams: Streams, src: Source = source) -> tuple[float, fl
     return tokens_time, time.perf_counter() - t_all, time.thread_time() - cpu0
 
 
-def bench_hot_path(samples: list[tuple[str, str, bool]], repeats: int) -> dict[str, Any]:
-    # answers of chat length: several summaries back to back, their sources as the contexts
+def chat_streams(samples: Sequence[tuple[str, str, bool]]) -> Streams:
+    """Answers of chat length: five summaries back to back each, their sources as the contexts."""
     streams: Streams = []
     for i in range(0, len(samples) - 4, 5):
         group = samples[i : i + 5]
         ctx = tuple(c for c, _a, _b in group)
         answer = " ".join(a for _c, a, _b in group)
         streams.append((ctx, tokenize(answer), "Summarize the passages."))
+    return streams
+
+
+def bench_hot_path(samples: list[tuple[str, str, bool]], repeats: int) -> dict[str, Any]:
+    streams = chat_streams(samples)
     tokens = sum(len(t) for _c, t, _q in streams)
 
     def us(seconds: float) -> float:
@@ -311,21 +316,16 @@ async def io_loop_cpu(streams: Streams, delay: float, guarded: bool) -> float:
 
 
 def bench_io_source(
-    samples: list[tuple[str, str, bool]], repeats: int, delay: float = 0.0005,
-    settings: Settings | None = None,
+    samples: list[tuple[str, str, bool]], repeats: int, delay: float = 0.0005
 ) -> dict[str, Any]:
     """The hot path's CPU goal with a token source woken by I/O (issue 13 asks for one): the same chat-length
     answers as the hot path, 2,000 tokens/s from another process, defaults (the local judge). The bare loop
     here pays what an app pays per token it reads (the wake-up, the read, the decoding), which a loop pass
     per token (``yielding``) leaves out; plain and guarded runs alternate, each figure the best of
     ``repeats``."""
-    streams: Streams = []
-    for i in range(0, min(len(samples), 60) - 4, 5):
-        group = samples[i : i + 5]
-        streams.append((tuple(c for c, _a, _b in group), tokenize(" ".join(a for _c, a, _b in group)),
-                        "Summarize the passages."))
+    streams = chat_streams(samples[:60])  # the hot path's first 12 answers: ~2 s of tokens per run
     tokens = sum(len(t) for _c, t, _q in streams)
-    rt = streamjudge.configure(settings or Settings(), downstream=_Discard(), set_global=False)
+    rt = streamjudge.configure(Settings(), downstream=_Discard(), set_global=False)
     plain: list[float] = []
     guarded: list[float] = []
     try:
