@@ -27,6 +27,7 @@ from opentelemetry import metrics
 from streamjudge import _sdk, semconv
 from streamjudge._fork import after_fork_in_child
 from streamjudge._redact import redact
+from streamjudge._wakefd import WakeFd
 from streamjudge.judging._admission import Admission
 from streamjudge.judging._lag import LoopLag, LoopProbe
 from streamjudge.judging.base import EvalInput, Judge, JudgeResult, Score, TransientJudgeError
@@ -55,6 +56,9 @@ _SHARE_STEP = 0.1
 _RESUME_S = 0.002
 # what every judge call runs in (see JudgePool._run)
 _QUIET = _sdk.quiet_context()
+# how often the deadlines of calls made without a task (a judge's ``begin``) are checked: one timer for all
+# of them, not one each
+_SWEEP_S = 0.05
 
 
 @dataclass(slots=True)
@@ -85,6 +89,116 @@ class _Slot:
 
     def __init__(self, job: JudgeJob) -> None:
         self.job: JudgeJob | None = job
+
+
+class _Call:
+    """A running job whose judge took it with ``begin`` (see ``ProcessJudge.begin``): what ``_run`` does
+    for a coroutine judge, done by callbacks on the pool's loop instead of a task.
+
+    The judge calls ``replied`` once with the result or the error, unless the call was cancelled first;
+    the pool's sweep gives the call up at its deadline (``timeout``) and lets the judge check its own
+    (``tick``). A transient error's retries run as ``_run`` does, in a task."""
+
+    __slots__ = ("_deadline", "_handle", "_job", "_pool", "_sem", "_started", "over")
+
+    def __init__(self, pool: JudgePool, job: JudgeJob, sem: asyncio.Semaphore) -> None:
+        self._pool, self._job, self._sem = pool, job, sem
+        self._handle: Any = None
+        self._started = self._deadline = 0.0
+        self.over = False  # its outcome is delivered (or it went on in a task)
+
+    def start(self, begin: Callable[..., Any]) -> bool:
+        """Hand the job to ``begin``; False when the judge declined (the job is untouched)."""
+        job = self._job
+        self._started = time.monotonic()
+        token = otel_context.attach(_QUIET)  # as _run: a judge's own I/O never lands in a judged trace
+        try:
+            handle = begin(job.item, job.metrics, self.replied)
+        except Exception as exc:  # as an error from evaluate(): the job's outcome, never the pool's end
+            self.replied(None, exc)
+            return True
+        finally:
+            otel_context.detach(token)
+        if handle is None:
+            return False
+        # from after the send: a call given up at its deadline has waited a whole judge timeout, which is
+        # when a worker's group takes it for stuck
+        self._deadline = time.monotonic() + self._pool._timeout_s
+        if not self.over:
+            self._handle = handle
+        return True
+
+    def replied(self, result: JudgeResult | None, error: BaseException | None) -> None:
+        """The judge's answer (on the pool's loop)."""
+        if self.over:
+            return
+        self._handle = None
+        pool = self._pool
+        if error is None:
+            try:
+                _check_result(result)
+            except TypeError as exc:
+                error = exc
+            else:
+                assert result is not None
+                pool._m_duration.record(time.monotonic() - self._started,
+                                        {semconv.METRIC_ATTR_JUDGE: result.judge})
+                self._end(JobOutcome("judged", result, attempts=1))
+                return
+        if isinstance(error, TransientJudgeError) and pool._max_retries >= 1:
+            # retried as _run retries (after its backoff, each attempt with its own timeout): a rare path
+            self._retry(error)
+            return
+        self._end(JobOutcome("error", error=_describe(error), attempts=1))
+
+    def tick(self, now: float) -> None:
+        """The pool's sweep: past the deadline the call is given up as timed out."""
+        handle = self._handle
+        if self.over or handle is None:
+            return
+        if now >= self._deadline:
+            self._handle = None
+            handle.cancel()
+            self._end(JobOutcome("timeout", error=f"judge call exceeded {self._pool._timeout_s:g}s",
+                                 attempts=1))
+        else:
+            handle.tick(now)
+
+    def cancel(self) -> None:
+        """Cancel the call (cancel_stream, shutdown): its outcome says so."""
+        if self.over:
+            return
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.cancel()
+        self._end(JobOutcome("shutdown" if self._pool._closed else "cancelled"))
+
+    def _retry(self, error: TransientJudgeError) -> None:
+        pool, job = self._pool, self._job
+        self.over = True
+        task = asyncio.get_running_loop().create_task(pool._run(job, first_error=error))
+        with pool._lock:
+            pool._running.pop(self, None)
+            pool._calls -= 1
+            pool._running[task] = job
+        task.add_done_callback(lambda t, s=self._sem: pool._task_done(t, s))  # type: ignore[misc]
+
+    def _end(self, outcome: JobOutcome) -> None:
+        pool = self._pool
+        self.over = True
+        if outcome.status == "error":
+            pool._m_errors.add(1, {semconv.METRIC_ATTR_JUDGE: getattr(self._job.judge, "name", "?")})
+        # the outcome goes out before the job stops counting as running (as _task_done): force_flush
+        # never returns while a callback is still owed
+        pool._finish(self._job, outcome, outcome.attempts)
+        self._sem.release()
+        with pool._lock:
+            if pool._running.pop(self, None) is not None:
+                pool._calls -= 1
+            pool._active -= 1  # once: `over` keeps a call from ending twice
+            if pool._taken is self._job:  # failed inside begin(), before _begin registered it
+                pool._taken = None
+            pool._notify_if_idle()
 
 
 class JudgePool:
@@ -198,7 +312,10 @@ class JudgePool:
         rate, per_stream, per_minute = self._admission_args
         self._admission = Admission(sample_rate=rate, per_stream_budget=per_stream,
                                     global_budget_per_minute=per_minute)
-        self._running: dict[asyncio.Task[None], JudgeJob] = {}
+        # running jobs by their task, or by their _Call (a judge's ``begin``): either has cancel()
+        self._running: dict[asyncio.Task[None] | _Call, JudgeJob] = {}
+        self._calls = 0  # of them _Calls
+        self._sweep: asyncio.TimerHandle | None = None
         # the job the pool's thread took from the queue and has not started yet, and whether its stream was
         # cancelled meanwhile: neither queued nor running, it would be missed by cancel_stream
         self._taken: JudgeJob | None = None
@@ -209,6 +326,7 @@ class JudgePool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._wake: asyncio.Event | None = None
+        self._bell: WakeFd | None = None  # sets _wake from any thread
         self._sleeping = False
         self._last_work = 0.0
         self._cpu_debt = 0.0
@@ -316,15 +434,15 @@ class JudgePool:
         return True
 
     def _wake_if_sleeping(self) -> None:
-        loop, wake = self._loop, self._wake
+        bell = self._bell
         # a busy dispatcher finds the job on its own; only a sleeping one needs the (costly) wake-up, and
         # only once: until it runs again (it may wait for the GIL while this thread streams on), another
         # wake-up would be another syscall for nothing. The flag is only a hint; the event is the signal.
-        if self._sleeping and loop is not None and wake is not None:
+        # Rung without handing the GIL to the pool's thread (see WakeFd): the caller is usually the thread
+        # streaming tokens. A closed loop (shutdown racing us) is fine: the job gets "shutdown" from the drain
+        if self._sleeping and bell is not None:
             self._sleeping = False
-            # a closed loop (shutdown racing us) is fine: the job gets "shutdown" from the drain
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(wake.set)
+            bell.ring()
 
     def watch_loop(self) -> LoopProbe | None:
         """A judged stream starts on the running loop: measure its lateness while it is live (the CPU share
@@ -405,7 +523,8 @@ class JudgePool:
     def _thread_main(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
-        self._wake = asyncio.Event()
+        wake = self._wake = asyncio.Event()
+        bell = self._bell = WakeFd(loop, wake.set)
         ready.set()
         try:
             loop.run_until_complete(self._dispatch())
@@ -413,6 +532,7 @@ class JudgePool:
             try:
                 loop.run_until_complete(self._close_judges())
             finally:
+                bell.detach(loop)
                 loop.close()
 
     def _deliver_deferred(self) -> None:
@@ -481,9 +601,11 @@ class JudgePool:
                 if self._closed:
                     sem.release()
                     self._deliver_deferred()
-                    pending = list(self._running)
+                    pending = [t for t in self._running if isinstance(t, asyncio.Task)]
                     if pending:
                         await asyncio.gather(*pending, return_exceptions=True)
+                    while self._calls:  # shutdown() cancels them, or their replies come
+                        await asyncio.sleep(_POLL_S)
                     return
                 # while streams are active, poll for a little while before sleeping: a cross-thread
                 # wake-up costs the submitting (token-streaming) thread a syscall and a GIL hand-off
@@ -520,6 +642,9 @@ class JudgePool:
                     self._active -= 1
                     self._notify_if_idle()
                 continue
+            begin = getattr(job.judge, "begin", None)
+            if begin is not None and self._begin(job, sem, begin):
+                continue
             task = asyncio.get_running_loop().create_task(self._run(job))
             with self._lock:
                 self._running[task] = job
@@ -528,6 +653,36 @@ class JudgePool:
             task.add_done_callback(lambda t, s=sem: self._task_done(t, s))  # type: ignore[misc]
             if cancel:  # its stream was cancelled between the queue and here: it never starts
                 task.cancel()
+
+    def _begin(self, job: JudgeJob, sem: asyncio.Semaphore, begin: Callable[..., Any]) -> bool:
+        """Start ``job`` with its judge's ``begin`` (a call whose reply runs a callback, no task). False
+        when the judge cannot take it that way now: the caller runs it in a task."""
+        call = _Call(self, job, sem)
+        if not call.start(begin):
+            return False
+        # no reply can come before this (replies are read by this loop), only a failure inside begin()
+        with self._lock:
+            self._taken = None
+            cancel, self._cancel_taken = self._cancel_taken, False
+            if not call.over:
+                self._running[call] = job
+                self._calls += 1
+        if cancel:  # its stream was cancelled between the queue and here
+            call.cancel()
+        if self._sweep is None and not call.over:
+            self._sweep = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep_calls)
+        return True
+
+    def _sweep_calls(self) -> None:
+        # the deadlines of calls made with ``begin`` (a timer each would cost as much as the task saved)
+        self._sweep = None
+        now = time.monotonic()
+        with self._lock:
+            calls = [c for c in self._running if isinstance(c, _Call)]
+        for call in calls:
+            call.tick(now)
+        if self._calls:
+            self._sweep = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep_calls)
 
     def _task_done(self, task: asyncio.Task[None], sem: asyncio.Semaphore) -> None:
         sem.release()
@@ -548,13 +703,16 @@ class JudgePool:
         if not self._queued and not self._active:
             self._idle.notify_all()
 
-    async def _run(self, job: JudgeJob) -> None:
+    async def _run(self, job: JudgeJob, first_error: TransientJudgeError | None = None) -> None:
         # an empty context with instrumentation suppressed: instrumentations (httpx, openai, requests...)
         # create no spans, so the judge's own I/O never lands in a judged trace
         token = otel_context.attach(_QUIET)
         attempts = 0
         outcome: JobOutcome
         try:
+            if first_error is not None:  # a _Call's first attempt failed: its retries, from its backoff
+                attempts = 1
+                await asyncio.sleep(self._backoff(attempts, first_error.retry_after))
             while True:
                 attempts += 1
                 started = time.monotonic()

@@ -46,11 +46,12 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from streamjudge._fork import after_fork_in_child
 from streamjudge.config import Settings
 from streamjudge.judging.base import EvalInput, Judge, JudgeError, JudgeResult, TransientJudgeError
-from streamjudge.judging.judges._process import JudgeSpec, ProcessJudge, cgroup_quota, small_quota
+from streamjudge.judging.judges._process import Done, JudgeSpec, ProcessJudge, cgroup_quota, small_quota
 
 __all__ = ["OFFLOAD_SHARE", "WINDOW_S", "AutoProcessJudge"]
 
@@ -166,6 +167,24 @@ class AutoProcessJudge:
             else:
                 self._failures = 0
                 return result
+        return await self._judge_here(item, metrics)
+
+    def begin(self, item: EvalInput, metrics: Sequence[str], done: Done) -> _AutoCall | None:
+        """``evaluate`` without a task per call, once calls go to the worker (see
+        :meth:`ProcessJudge.begin`): ``done`` gets the result or the error on the pool's loop, unless the
+        returned call was cancelled first. None while judging in-process: the caller awaits ``evaluate``."""
+        remote = self._remote
+        if not self._ready or remote is None:
+            return None
+        self._last_call = time.monotonic()
+        call = _AutoCall(self, remote, item, metrics, done, self._last_call)
+        try:
+            call.remote = remote.begin(item, metrics, call.replied)
+        except JudgeError as exc:
+            call.replied(None, exc)
+        return call
+
+    async def _judge_here(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
         cpu = time.thread_time()
         try:
             return await self._inner.evaluate(item, metrics)
@@ -288,6 +307,85 @@ class AutoProcessJudge:
     def __repr__(self) -> str:
         where = "worker" if self._ready else "in-process"
         return f"AutoProcessJudge({self.name!r}, tier={self.spec.tier!r}, {where})"
+
+
+class _AutoCall:
+    """A call :meth:`AutoProcessJudge.begin` sent to the worker: judged in-process instead when the worker
+    fails it or has not answered within its bound (as ``evaluate`` does), then ``done`` once."""
+
+    __slots__ = (
+        "_done",
+        "_item",
+        "_judge",
+        "_metrics",
+        "_over",
+        "_remote_judge",
+        "_slow_at",
+        "_task",
+        "remote",
+    )
+
+    def __init__(self, judge: AutoProcessJudge, remote_judge: ProcessJudge, item: EvalInput,
+                 metrics: Sequence[str], done: Done, now: float) -> None:
+        self._judge, self._remote_judge, self._item, self._metrics, self._done = (
+            judge, remote_judge, item, metrics, done)
+        self.remote: Any = None  # the worker's call (ProcessJudge.begin) while it is out
+        self._slow_at = now + _SLOW_S + _SLOW_S_PER_CHAR * _size(item)
+        self._task: asyncio.Task[None] | None = None
+        self._over = False  # done called, or cancelled
+
+    def replied(self, result: JudgeResult | None, error: BaseException | None) -> None:
+        """The worker's answer (on the pool's loop)."""
+        self.remote = None
+        if self._over:
+            return
+        if error is None or isinstance(error, TransientJudgeError):
+            if error is None:
+                self._judge._failures = 0
+            self._over = True
+            self._done(result, error)
+            return
+        self._judge._remote_failed(self._remote_judge, error if isinstance(error, JudgeError)
+                                   else JudgeError(str(error)))
+        self._here()
+
+    def tick(self, now: float) -> None:
+        """Called by the pool while the call is out: past its bound, judge it here instead."""
+        if self.remote is not None and now >= self._slow_at:
+            remote, self.remote = self.remote, None
+            remote.cancel()
+            self._judge._remote_failed(self._remote_judge, JudgeError("no answer within its bound"))
+            self._here()
+
+    def cancel(self) -> None:
+        """Give the call up: ``done`` is not called."""
+        self._over = True
+        remote, self.remote = self.remote, None
+        if remote is not None:
+            remote.cancel()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+
+    def _here(self) -> None:
+        # the worker failed this call: judged in this thread, as evaluate() does (a task: the local judge
+        # is a coroutine; this is the rare path)
+        self._task = asyncio.get_running_loop().create_task(self._judge_in_process())
+
+    async def _judge_in_process(self) -> None:
+        try:
+            result = await self._judge._judge_here(self._item, self._metrics)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # given to the pool, which records it (SystemExit from a judge included)
+            error: BaseException | None = exc
+            result = None
+        else:
+            error = None
+        self._task = None
+        if not self._over:
+            self._over = True
+            self._done(result, error)
 
 
 def auto_judge(name: str, settings: Settings, tier: str, inner: Judge) -> Judge:

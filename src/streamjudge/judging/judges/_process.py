@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -201,6 +201,17 @@ class ProcessJudge:
             raise JudgeError("process judge is closed")
         return await self._group.call(self._slot, item, tuple(metrics))
 
+    def begin(self, item: EvalInput, metrics: Sequence[str], done: Done) -> _Begun:
+        """Send ``item`` to a worker; ``done`` gets the result (or the error) on the pool's loop when the
+        reply is read, unless the returned call was cancelled first. ``evaluate`` without a task and a
+        future per call: the judge pool's own path for a worker's calls (two task steps, a future and two
+        timers fewer on its thread, which shares the app's GIL). Raises :class:`JudgeError` when no worker
+        can take it; must run on the pool's loop."""
+        if self._closed:
+            raise JudgeError("process judge is closed")
+        return self._group.begin(self._slot, item, metrics if metrics.__class__ is tuple else tuple(metrics),
+                                 done)
+
     async def aclose(self) -> None:
         """Stop using the workers; the last judge of a worker set stops and reaps its processes."""
         self._closed = True
@@ -208,6 +219,28 @@ class ProcessJudge:
 
     def __repr__(self) -> str:
         return f"ProcessJudge({self.name!r}, tier={self.spec.tier!r}, processes={self._group.size})"
+
+
+#: what :meth:`ProcessJudge.begin` calls with the call's result, or with its error
+Done = Callable[[JudgeResult | None, BaseException | None], None]
+
+
+class _Begun:
+    """A call made with :meth:`ProcessJudge.begin`, until its callback ran or :meth:`cancel`."""
+
+    __slots__ = ("_call_id", "_group", "_proc", "_sent", "_w")
+
+    def __init__(self, group: _WorkerGroup, w: _Worker, call_id: int, proc: subprocess.Popen[bytes] | None,
+                 sent: float) -> None:
+        self._group, self._w, self._call_id, self._proc, self._sent = group, w, call_id, proc, sent
+
+    def cancel(self) -> None:
+        """Give the call up (on the pool's loop): its callback is not called, a late reply is dropped."""
+        if self._w.inflight.pop(self._call_id, None) is not None:
+            self._group._given_up(self._w, self._proc, self._sent)
+
+    def tick(self, now: float) -> None:
+        """Nothing to check: the pool's deadline is the only one (see ``AutoProcessJudge``'s)."""
 
 
 class _Worker:
@@ -222,7 +255,8 @@ class _Worker:
         self.started = 0.0
         self.out = bytearray()  # request bytes the pipe did not take yet
         self.inbuf = bytearray()
-        self.inflight: dict[int, asyncio.Future[JudgeResult]] = {}
+        # a call's future (``call``) or its callback (``begin``)
+        self.inflight: dict[int, asyncio.Future[JudgeResult] | Done] = {}
         self.specs_sent: set[int] = set()
         self.contexts: collections.OrderedDict[int, tuple[int, tuple[str, ...]]] = collections.OrderedDict()
         self.context_chars = 0
@@ -271,6 +305,7 @@ class _WorkerGroup:
         self._lock = threading.Lock()
         self._workers = [_Worker(i) for i in range(self.size)]
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0  # the thread running it
         self._next_call = 0
 
     # --- judges using the group (any thread) --------------------------------------------------
@@ -305,7 +340,7 @@ class _WorkerGroup:
 
     # --- calls (the bound event loop) ---------------------------------------------------------
 
-    async def call(self, slot: int, item: EvalInput, metrics: tuple[str, ...]) -> JudgeResult:
+    def _route(self, item: EvalInput) -> tuple[asyncio.AbstractEventLoop, EvalInput, _Worker]:
         loop = asyncio.get_running_loop()
         if self._stopped:
             raise JudgeError("process judge is closed")
@@ -318,6 +353,10 @@ class _WorkerGroup:
             self._restart(w)
             if w.proc is None:
                 raise JudgeError(f"judge worker unavailable: {w.last_error or 'not started'}")
+        return loop, item, w
+
+    async def call(self, slot: int, item: EvalInput, metrics: tuple[str, ...]) -> JudgeResult:
+        loop, item, w = self._route(item)
         self._next_call += 1
         call_id = self._next_call
         fut: asyncio.Future[JudgeResult] = loop.create_future()
@@ -330,17 +369,32 @@ class _WorkerGroup:
             # cancelled (timeout, client gone): a late reply finds no future and is dropped
             w.inflight.pop(call_id, None)
             # (the task's cancellation cancels the future it awaits: a reply would have set a result)
-            if fut.cancelled() and time.monotonic() - sent >= self._hang_s and w.proc is proc:
-                # a worker answers in order: one that has not answered this call in a whole judge
-                # timeout is stuck (a native loop, a deadlock) and would time out every later call too
-                _log.warning("streamjudge: judge worker %s did not answer within %gs; killing it",
-                             proc.pid if proc else "?", self._hang_s)
-                if proc is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()  # its pipe closes: _died fails the rest and restarts it
+            if fut.cancelled():
+                self._given_up(w, proc, sent)
             # a failed call's future keeps its error, whose traceback keeps this frame: without this, the
             # frame's locals (the future, the request and its contexts) would wait for the cyclic GC
             del fut
+
+    def begin(self, slot: int, item: EvalInput, metrics: tuple[str, ...], done: Done) -> _Begun:
+        """``call`` with a callback (see :meth:`ProcessJudge.begin`)."""
+        _, item, w = self._route(item)
+        self._next_call += 1
+        call_id = self._next_call
+        frame = self._encode_call(w, call_id, slot, item, metrics)
+        w.inflight[call_id] = done
+        begun = _Begun(self, w, call_id, w.proc, time.monotonic())
+        self._send(w, frame)
+        return begun
+
+    def _given_up(self, w: _Worker, proc: subprocess.Popen[bytes] | None, sent: float) -> None:
+        if time.monotonic() - sent >= self._hang_s and w.proc is proc:
+            # a worker answers in order: one that has not answered this call in a whole judge
+            # timeout is stuck (a native loop, a deadlock) and would time out every later call too
+            _log.warning("streamjudge: judge worker %s did not answer within %gs; killing it",
+                         proc.pid if proc else "?", self._hang_s)
+            if proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()  # its pipe closes: _died fails the rest and restarts it
 
     def _encode_call(self, w: _Worker, call_id: int, slot: int, item: EvalInput,
                      metrics: tuple[str, ...]) -> bytes:
@@ -382,6 +436,7 @@ class _WorkerGroup:
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Read and write the pipes on ``loop`` from now on (the pool's loop; a new one after a fork)."""
         old, self._loop = self._loop, loop
+        self._loop_thread = threading.get_ident()
         for w in self._workers:
             if old is not None and not old.is_closed():
                 with contextlib.suppress(Exception):
@@ -483,15 +538,22 @@ class _WorkerGroup:
                 w.last_error = str(value)
                 _log.error("streamjudge: %s; its calls fail", value)
             return
-        fut = w.inflight.pop(call_id, None)
-        if fut is None or fut.done():
+        waiter = w.inflight.pop(call_id, None)
+        if waiter is None:
             return
-        if ok:
-            fut.set_result(value)
+        error: BaseException | None = None
+        if not ok:
+            transient, retry_after, text = value
+            error = TransientJudgeError(text, retry_after=retry_after) if transient else JudgeError(text)
+        if isinstance(waiter, asyncio.Future):
+            if waiter.done():
+                return
+            if error is None:
+                waiter.set_result(value)
+            else:
+                waiter.set_exception(error)
             return
-        transient, retry_after, text = value
-        fut.set_exception(TransientJudgeError(text, retry_after=retry_after) if transient
-                          else JudgeError(text))
+        _call_back(waiter, None if error else value, error)
 
     # --- worker lives ----------------------------------------------------------------------------
 
@@ -611,9 +673,18 @@ class _WorkerGroup:
 
     def _fail(self, w: _Worker, exc: JudgeError) -> None:
         pending, w.inflight = w.inflight, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(exc)
+        loop = self._loop
+        elsewhere = loop is not None and self._loop_thread != threading.get_ident()
+        for waiter in pending.values():
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_exception(exc)
+            elif elsewhere and loop is not None:
+                # stop() at exit, off the loop's thread: a callback runs on the loop it was made for
+                with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
+                    loop.call_soon_threadsafe(_call_back, waiter, None, exc)
+            else:
+                _call_back(waiter, None, exc)
 
     def stop(self) -> None:
         """Stop the workers: close their request pipes (they exit on EOF), then reap them."""
@@ -656,6 +727,13 @@ class _WorkerGroup:
             if w.proc is not None:
                 w.proc.returncode = 0  # not our child
         self._init_state()
+
+
+def _call_back(done: Done, result: JudgeResult | None, error: BaseException | None) -> None:
+    try:
+        done(result, error)
+    except Exception:  # one broken callback must not lose the replies read after it
+        _log.exception("streamjudge: a judge call's callback failed")
 
 
 def _chars(contexts: tuple[str, ...]) -> int:

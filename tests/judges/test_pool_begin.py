@@ -1,0 +1,213 @@
+"""The judge pool with a worker's judge: its calls run without a task each (``ProcessJudge.begin``) and keep
+every outcome a coroutine judge's calls have: judged with the in-process scores, timed out at the judge
+timeout (a stuck worker replaced), cancelled and shut down exactly once (late replies go to nobody),
+transient errors retried; ``auto``'s stopped or killed worker judged in-process instead."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from test_auto_process_judge import auto, eager  # noqa: F401  (a fixture)
+from test_process_judge import CONTEXTS, QUESTION, children, items, judge
+
+from streamjudge.config import Settings
+from streamjudge.judging.base import METRICS, EvalInput, JudgeResult, TransientJudgeError
+from streamjudge.judging.judges import _offload
+from streamjudge.judging.judges._process import JudgeSpec, ProcessJudge
+from streamjudge.judging.judges.local import LocalJudge
+from streamjudge.judging.pool import JobOutcome, JudgeJob, JudgePool
+
+
+class Outcomes:
+    """Every outcome the pool delivers, by job number: each job must get exactly one."""
+
+    def __init__(self) -> None:
+        self.by_job: dict[int, list[JobOutcome]] = {}
+
+    def submit(self, pool: JudgePool, judge: Any, its: Sequence[EvalInput], stream_key: int = 0) -> None:
+        for it in its:
+            n = len(self.by_job)
+            self.by_job[n] = []
+            assert pool.submit(JudgeJob(judge, it, METRICS, self.by_job[n].append, stream_key=stream_key))
+
+    def once(self) -> list[JobOutcome]:
+        assert all(len(v) == 1 for v in self.by_job.values()), self.by_job
+        return [v[0] for _, v in sorted(self.by_job.items())]
+
+
+@pytest.fixture
+def task_runs(monkeypatch: pytest.MonkeyPatch) -> list[JudgeJob]:
+    """The jobs the pool ran in a task of their own (``_run``), counted."""
+    runs: list[JudgeJob] = []
+    real = JudgePool._run
+
+    async def counted(self: JudgePool, job: JudgeJob, first_error: TransientJudgeError | None = None) -> None:
+        runs.append(job)
+        await real(self, job, first_error)
+
+    monkeypatch.setattr(JudgePool, "_run", counted)
+    return runs
+
+
+def until(cond: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
+def test_a_worker_s_calls_run_without_a_task_each_and_give_the_in_process_scores(task_runs: list[Any]) -> None:
+    j = judge()
+    pool = JudgePool(concurrency=8)
+    out = Outcomes()
+    its = items()
+    try:
+        out.submit(pool, j, its)
+        assert pool.force_flush(30_000)
+        pids = j.pids
+    finally:
+        pool.shutdown(10_000)  # closes the judges it ran
+    got = out.once()
+    assert [o.status for o in got] == ["judged"] * len(its)
+    assert [o.result for o in got] == [LocalJudge().evaluate_sync(it, METRICS) for it in its]
+    assert all(o.attempts == 1 and o.latency_s > 0 for o in got)
+    assert task_runs == []  # without begin() every call above was a task
+    assert not pool._running and pool.depth == 0
+    time.sleep(0.2)
+    assert not set(pids) & children()
+
+
+def test_a_call_to_a_stuck_worker_times_out_at_the_judge_timeout_and_the_worker_is_replaced() -> None:
+    j = judge(judge_timeout_s=0.3)  # the worker counts as stuck after one judge timeout
+    pool = JudgePool(timeout_s=0.3, max_retries=0)
+    out = Outcomes()
+    it = EvalInput(QUESTION, CONTEXTS, "The tower is 330 metres tall.")
+    try:
+        out.submit(pool, j, [it])
+        assert pool.force_flush(30_000)
+        (stuck,) = j.pids
+        os.kill(stuck, signal.SIGSTOP)
+        t0 = time.monotonic()
+        out.submit(pool, j, [it, it])
+        assert pool.force_flush(30_000)
+        took = time.monotonic() - t0
+        until(lambda: stuck not in j.pids)  # killed when its call was given up, then restarted
+        out.submit(pool, j, [it])
+        assert pool.force_flush(30_000)
+    finally:
+        pool.shutdown(10_000)
+    got = out.once()
+    assert [o.status for o in got] == ["judged", "timeout", "timeout", "judged"]
+    assert got[1].error == "judge call exceeded 0.3s"
+    assert 0.3 <= took < 3.0, took  # the deadline is swept, not timed per call: late by a sweep at most
+    until(lambda: stuck not in children())
+
+
+class FlakyJudge:
+    """In the worker: fails each answer once with a retryable error, "always" every time."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        if item.answer == "always" or item.answer not in self.seen:
+            self.seen.add(item.answer)
+            raise TransientJudgeError("429 from judge")
+        return JudgeResult(self.name, ())
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_a_transient_error_from_a_worker_is_retried_as_a_coroutine_judge_s() -> None:
+    j = ProcessJudge(JudgeSpec(f"{__name__}:FlakyJudge", Settings()), processes=1)
+    pool = JudgePool(max_retries=2, backoff_s=0.01)
+    out = Outcomes()
+    try:
+        out.submit(pool, j, [EvalInput(QUESTION, CONTEXTS, a) for a in ("once", "always")])
+        assert pool.force_flush(30_000)
+    finally:
+        pool.shutdown(10_000)
+    judged, failed = out.once()
+    assert (judged.status, judged.attempts, judged.result) == ("judged", 2, JudgeResult("flaky", ()))
+    assert (failed.status, failed.attempts) == ("error", 3)
+    assert "429 from judge" in (failed.error or "")
+
+
+@pytest.mark.parametrize("how", ["cancel_stream", "shutdown"])
+def test_calls_in_flight_are_cancelled_once_and_their_late_replies_go_to_nobody(how: str) -> None:
+    j = judge()
+    pool = JudgePool(concurrency=8)
+    out = Outcomes()
+    it = EvalInput(QUESTION, CONTEXTS, "The tower is 330 metres tall.")
+    try:
+        out.submit(pool, j, [it])
+        assert pool.force_flush(30_000)
+        (pid,) = j.pids
+        os.kill(pid, signal.SIGSTOP)  # the calls below stay in flight
+        out.submit(pool, j, [it, it, it], stream_key=7)
+        until(lambda: j.in_flight == 3)
+        if how == "cancel_stream":
+            assert pool.cancel_stream(7) == 3
+            assert pool.force_flush(10_000)
+            os.kill(pid, signal.SIGCONT)  # their replies come now, to nobody
+            until(lambda: not j.in_flight)
+            out.submit(pool, j, [it])
+            assert pool.force_flush(10_000)
+        else:
+            assert not pool.shutdown(300)  # not drained: the rest is given "shutdown"
+            with contextlib.suppress(ProcessLookupError):  # its judge closed: the worker may be gone
+                os.kill(pid, signal.SIGCONT)
+    finally:
+        pool.shutdown(10_000)
+    got = out.once()
+    if how == "cancel_stream":
+        assert [o.status for o in got] == ["judged", "cancelled", "cancelled", "cancelled", "judged"]
+    else:
+        assert [o.status for o in got] == ["judged", "shutdown", "shutdown", "shutdown"]
+    assert not pool._running
+
+
+@pytest.mark.parametrize("signum", [signal.SIGSTOP, signal.SIGKILL])
+def test_auto_s_stopped_or_killed_worker_costs_no_verdict_through_the_pool(
+    eager: None, task_runs: list[Any], signum: int  # noqa: F811
+) -> None:
+    its = items()[:8]
+    expected = [LocalJudge().evaluate_sync(it, METRICS) for it in its]
+    before = children()
+    j = auto()
+    pool = JudgePool(concurrency=8)
+    warm = Outcomes()
+    out = Outcomes()
+    try:
+        deadline = time.monotonic() + 20
+        while not j.offloaded:  # in-process calls (tasks) until the worker took over
+            assert time.monotonic() < deadline, "the worker never took over"
+            warm.submit(pool, j, its[:1])
+            assert pool.force_flush(10_000)
+            time.sleep(0.02)
+        in_tasks = len(task_runs)
+        (pid,) = j.pids
+        os.kill(pid, signum)
+        t0 = time.monotonic()
+        out.submit(pool, j, its)
+        assert pool.force_flush(20_000)
+        took = time.monotonic() - t0
+    finally:
+        pool.shutdown(10_000)
+    got = out.once()
+    assert [o.status for o in got] == ["judged"] * len(its)
+    assert [o.result for o in got] == expected
+    assert len(task_runs) == in_tasks  # sent with begin(): judged here by the judge's own fallback
+    assert took < _offload._SLOW_S * 4 + 2.0, took  # the slow bound, not the 30 s judge timeout
+    warm.once()
+    time.sleep(0.3)
+    assert children() <= before
