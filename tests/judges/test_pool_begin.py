@@ -55,6 +55,15 @@ def task_runs(monkeypatch: pytest.MonkeyPatch) -> list[JudgeJob]:
     return runs
 
 
+def stop_after_one_call(pool: JudgePool, j: ProcessJudge, out: Outcomes, it: EvalInput) -> int:
+    """One call judged (the worker is up), then the worker stopped: alive, answering nothing."""
+    out.submit(pool, j, [it])
+    assert pool.force_flush(30_000)
+    (pid,) = j.pids
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
 def until(cond: Any, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -89,10 +98,7 @@ def test_a_call_to_a_stuck_worker_times_out_at_the_judge_timeout_and_the_worker_
     out = Outcomes()
     it = EvalInput(QUESTION, CONTEXTS, "The tower is 330 metres tall.")
     try:
-        out.submit(pool, j, [it])
-        assert pool.force_flush(30_000)
-        (stuck,) = j.pids
-        os.kill(stuck, signal.SIGSTOP)
+        stuck = stop_after_one_call(pool, j, out, it)
         t0 = time.monotonic()
         out.submit(pool, j, [it, it])
         assert pool.force_flush(30_000)
@@ -149,10 +155,7 @@ def test_calls_in_flight_are_cancelled_once_and_their_late_replies_go_to_nobody(
     out = Outcomes()
     it = EvalInput(QUESTION, CONTEXTS, "The tower is 330 metres tall.")
     try:
-        out.submit(pool, j, [it])
-        assert pool.force_flush(30_000)
-        (pid,) = j.pids
-        os.kill(pid, signal.SIGSTOP)  # the calls below stay in flight
+        pid = stop_after_one_call(pool, j, out, it)  # the calls below stay in flight
         out.submit(pool, j, [it, it, it], stream_key=7)
         until(lambda: j.in_flight == 3)
         if how == "cancel_stream":
