@@ -46,12 +46,18 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from streamjudge._fork import after_fork_in_child
 from streamjudge.config import Settings
 from streamjudge.judging.base import EvalInput, Judge, JudgeError, JudgeResult, TransientJudgeError
-from streamjudge.judging.judges._process import Done, JudgeSpec, ProcessJudge, cgroup_quota, small_quota
+from streamjudge.judging.judges._process import (
+    Done,
+    JudgeSpec,
+    ProcessJudge,
+    _Begun,
+    cgroup_quota,
+    small_quota,
+)
 
 __all__ = ["OFFLOAD_SHARE", "WINDOW_S", "AutoProcessJudge"]
 
@@ -329,7 +335,7 @@ class _AutoCall:
                  metrics: Sequence[str], done: Done, now: float) -> None:
         self._judge, self._remote_judge, self._item, self._metrics, self._done = (
             judge, remote_judge, item, metrics, done)
-        self.remote: Any = None  # the worker's call (ProcessJudge.begin) while it is out
+        self.remote: _Begun | None = None  # the worker's call (ProcessJudge.begin) while it is out
         self._slow_at = now + _SLOW_S + _SLOW_S_PER_CHAR * _size(item)
         self._task: asyncio.Task[None] | None = None
         self._over = False  # done called, or cancelled
