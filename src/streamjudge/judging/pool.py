@@ -27,6 +27,7 @@ from opentelemetry import metrics
 from streamjudge import _sdk, semconv
 from streamjudge._fork import after_fork_in_child
 from streamjudge._redact import redact
+from streamjudge._wakefd import WakeFd
 from streamjudge.judging._admission import Admission
 from streamjudge.judging._lag import LoopLag, LoopProbe
 from streamjudge.judging.base import EvalInput, Judge, JudgeResult, Score, TransientJudgeError
@@ -325,6 +326,7 @@ class JudgePool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._wake: asyncio.Event | None = None
+        self._bell: WakeFd | None = None  # sets _wake from any thread
         self._sleeping = False
         self._last_work = 0.0
         self._cpu_debt = 0.0
@@ -432,15 +434,15 @@ class JudgePool:
         return True
 
     def _wake_if_sleeping(self) -> None:
-        loop, wake = self._loop, self._wake
+        bell = self._bell
         # a busy dispatcher finds the job on its own; only a sleeping one needs the (costly) wake-up, and
         # only once: until it runs again (it may wait for the GIL while this thread streams on), another
         # wake-up would be another syscall for nothing. The flag is only a hint; the event is the signal.
-        if self._sleeping and loop is not None and wake is not None:
+        # Rung without handing the GIL to the pool's thread (see WakeFd): the caller is usually the thread
+        # streaming tokens. A closed loop (shutdown racing us) is fine: the job gets "shutdown" from the drain
+        if self._sleeping and bell is not None:
             self._sleeping = False
-            # a closed loop (shutdown racing us) is fine: the job gets "shutdown" from the drain
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(wake.set)
+            bell.ring()
 
     def watch_loop(self) -> LoopProbe | None:
         """A judged stream starts on the running loop: measure its lateness while it is live (the CPU share
@@ -521,7 +523,8 @@ class JudgePool:
     def _thread_main(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
-        self._wake = asyncio.Event()
+        wake = self._wake = asyncio.Event()
+        bell = self._bell = WakeFd(loop, wake.set)
         ready.set()
         try:
             loop.run_until_complete(self._dispatch())
@@ -529,6 +532,7 @@ class JudgePool:
             try:
                 loop.run_until_complete(self._close_judges())
             finally:
+                bell.detach(loop)
                 loop.close()
 
     def _deliver_deferred(self) -> None:
