@@ -8,15 +8,44 @@ found in the provider — at configure time, or later when the SDK adds its proc
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import Protocol
 
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from streamjudge.exporters.base import EvaluationSink
+from streamjudge.exporters.base import EvaluationSink, find_span_processors
 
 _log = logging.getLogger(__name__)
+
+# What tells a backend is wanted, checked before its module is imported: that module brings an HTTP client
+# (httpx, which loads rich and pygments for its command line when they are installed): ~65 ms and thousands
+# of objects at configure() for an app that sends nothing to that vendor
+LANGFUSE_KEYS = ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY")
+PHOENIX_ENDPOINT = "PHOENIX_COLLECTOR_ENDPOINT"
+
+
+def is_langfuse_sdk_processor(cls: type) -> bool:
+    """The Langfuse SDK's span processor class (found by name: the SDK need not be importable)."""
+    return cls.__name__ == "LangfuseSpanProcessor" and cls.__module__.startswith("langfuse.")
+
+
+def is_phoenix_otel_processor(cls: type) -> bool:
+    """A span processor class of ``phoenix.otel`` (``register()``'s)."""
+    return cls.__module__.startswith("phoenix.otel")
+
+
+def _langfuse_env() -> bool:
+    return all((os.environ.get(k) or "").strip() for k in LANGFUSE_KEYS)
+
+
+def _phoenix_env() -> bool:
+    return bool(os.environ.get(PHOENIX_ENDPOINT))
+
+
+def _any_found(processors: Sequence[object], match: object) -> bool:
+    return any(find_span_processors(p, match) for p in processors)  # type: ignore[arg-type]
 
 
 class VendorBackend(Protocol):
@@ -49,20 +78,24 @@ class LangfuseBackend:
         self.joined = False
 
     def exporters(self, processors: Sequence[SpanProcessor]) -> list[SpanExporter]:
-        from streamjudge.exporters.langfuse import langfuse_exporter_from_env, langfuse_sdk_processors
-
-        if any(langfuse_sdk_processors(p) for p in processors):
+        if not _langfuse_env() or _any_found(processors, is_langfuse_sdk_processor):
             return []
+        from streamjudge.exporters.langfuse import langfuse_exporter_from_env
+
         self._exporter = langfuse_exporter_from_env()
         return [self._exporter] if self._exporter is not None else []
 
     def sinks(self) -> list[EvaluationSink]:
+        if not _langfuse_env():
+            return []
         from streamjudge.exporters.langfuse import langfuse_score_sink_from_env
 
         sink = langfuse_score_sink_from_env()
         return [sink] if sink is not None else []
 
     def join(self, processor: SpanProcessor, sinks: Sequence[EvaluationSink]) -> EvaluationSink | None:
+        if not find_span_processors(processor, is_langfuse_sdk_processor):
+            return None
         from streamjudge.exporters.langfuse import (
             LangfuseClientScoreSink,
             LangfuseScoreSink,
@@ -92,14 +125,16 @@ class PhoenixBackend:
     name = "phoenix"
 
     def exporters(self, processors: Sequence[SpanProcessor]) -> list[SpanExporter]:
-        from streamjudge.exporters.phoenix import phoenix_exporter_from_env, phoenix_otel_processors
-
-        if any(phoenix_otel_processors(p) for p in processors):
+        if not _phoenix_env() or _any_found(processors, is_phoenix_otel_processor):
             return []
+        from streamjudge.exporters.phoenix import phoenix_exporter_from_env
+
         exporter = phoenix_exporter_from_env()
         return [exporter] if exporter is not None else []
 
     def sinks(self) -> list[EvaluationSink]:
+        if not _phoenix_env():
+            return []
         from streamjudge.exporters.phoenix import phoenix_annotation_sink_from_env
 
         sink = phoenix_annotation_sink_from_env()

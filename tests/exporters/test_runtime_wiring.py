@@ -61,3 +61,25 @@ def test_langfuse_spans_and_scores_from_env(monkeypatch: pytest.MonkeyPatch) -> 
         keys = {a.key for a in lf_stream.attributes}
         assert semconv.score_attribute("faithfulness") in keys
         assert all(s.headers["authorization"].startswith("Basic ") for s in seen)
+
+
+def test_configure_without_a_vendor_loads_no_http_client() -> None:
+    # the vendor modules bring httpx (and with it rich and pygments when installed): ~65 ms and thousands of
+    # objects at configure() for an app that sends nothing to Langfuse or Phoenix
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, streamjudge\n"
+        "from streamjudge.config import Settings\n"
+        "from streamjudge.runtime import _Discard\n"
+        "streamjudge.configure(Settings(), downstream=_Discard(), set_global=False)\n"
+        "print(sorted(m for m in ('httpx', 'streamjudge.exporters.langfuse', 'streamjudge.exporters.phoenix')"
+        " if m in sys.modules))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LANGFUSE_", "PHOENIX_", "OTEL_", "STREAMJUDGE_"))}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

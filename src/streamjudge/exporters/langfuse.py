@@ -57,6 +57,7 @@ from opentelemetry.util.types import AttributeValue
 from streamjudge import semconv
 from streamjudge._deadline import bounded_millis, current_deadline
 from streamjudge._spans import copy_span
+from streamjudge._vendors import LANGFUSE_KEYS, is_langfuse_sdk_processor
 from streamjudge.exporters._bridge import (
     BridgeSink,
     HttpBridge,
@@ -83,8 +84,7 @@ SCORE_CREATE = "score-create"
 MAX_EVENTS_PER_BATCH = 200
 MAX_BATCH_BYTES = 2_500_000
 
-ENV_PUBLIC_KEY = "LANGFUSE_PUBLIC_KEY"
-ENV_SECRET_KEY = "LANGFUSE_SECRET_KEY"
+ENV_PUBLIC_KEY, ENV_SECRET_KEY = LANGFUSE_KEYS
 ENV_HOST = "LANGFUSE_HOST"
 ENV_BASE_URL = "LANGFUSE_BASE_URL"
 ENV_ENVIRONMENT = "LANGFUSE_TRACING_ENVIRONMENT"
@@ -485,7 +485,6 @@ def langfuse_score_sink_from_env(
 # The Langfuse SDK (v3+) sends spans through its own ``LangfuseSpanProcessor`` and, by default, only those
 # from Langfuse, with ``gen_ai.*`` attributes, or from known LLM instrumentation scopes: streamjudge's stream
 # and checkpoint spans would be dropped, leaving its evaluator spans without their parents.
-_SDK_PROCESSOR_CLASS = "LangfuseSpanProcessor"
 _ADOPTED = "__streamjudge_adopted__"
 
 
@@ -515,9 +514,7 @@ setattr(should_export_span, _ADOPTED, True)
 def langfuse_sdk_processors(processor: object) -> list[SpanProcessor]:
     """The Langfuse SDK span processors reachable from ``processor`` (a provider's active processor or any
     composite of processors), found by class so that the SDK need not be importable."""
-    return find_span_processors(
-        processor, lambda cls: cls.__name__ == _SDK_PROCESSOR_CLASS and cls.__module__.startswith("langfuse.")
-    )
+    return find_span_processors(processor, is_langfuse_sdk_processor)
 
 
 def adopt_langfuse_sdk(provider: object) -> list[SpanProcessor]:

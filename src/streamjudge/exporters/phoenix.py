@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.re import parse_env_headers
 
 from streamjudge._redact import register_secret
+from streamjudge._vendors import PHOENIX_ENDPOINT, is_phoenix_otel_processor
 from streamjudge.exporters._bridge import BridgeSink, HttpBridge, JsonRequest, Secret, result_name
 from streamjudge.exporters._content import capture_content_from_env, scrub_explanation
 from streamjudge.exporters._counting import counting
@@ -44,7 +45,7 @@ from streamjudge.results import Score
 DEFAULT_ENDPOINT = "http://127.0.0.1:6006"
 OTLP_TRACES_PATH = "/v1/traces"
 SPAN_ANNOTATIONS_PATH = "/v1/span_annotations"
-ENV_ENDPOINT = "PHOENIX_COLLECTOR_ENDPOINT"
+ENV_ENDPOINT = PHOENIX_ENDPOINT
 ENV_API_KEY = "PHOENIX_API_KEY"
 ENV_CLIENT_HEADERS = "PHOENIX_CLIENT_HEADERS"
 ENV_PROJECT_NAME = "PHOENIX_PROJECT_NAME"
@@ -145,7 +146,7 @@ def phoenix_exporter_from_env(
 
 def phoenix_otel_processors(processor: object) -> list[SpanProcessor]:
     """The span processors of ``phoenix.otel`` (``register()``'s exporter) reachable from ``processor``."""
-    return find_span_processors(processor, lambda cls: cls.__module__.startswith("phoenix.otel"))
+    return find_span_processors(processor, is_phoenix_otel_processor)
 
 
 def annotator_kind(judge: str) -> str:
