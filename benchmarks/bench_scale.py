@@ -9,6 +9,8 @@ set of distinct texts otherwise), so the local judge's caches only hit where a r
 interleaved in fresh processes, each repeated:
 
 - ``bare``: the same loop without streamjudge (the baseline of every ratio);
+- ``bare (again)``: ``bare`` run a second time in each round: its ratio against ``bare`` is what this machine's
+  noise alone does to a ratio (an A/A comparison), the floor under which no variant's difference means anything;
 - ``judged``: streamjudge with its defaults, local judge on every checkpoint and the final answer
   (``judge_processes="auto"``: in the app's process until its CPU weighs on the app, then in one worker);
 - ``in_process``: as ``judged`` with ``judge_processes=0``: the local judge never leaves the app's process;
@@ -332,6 +334,15 @@ def load(limit: int) -> list[tuple[str, str]]:
     return out[:limit]
 
 
+# the A/A control: bare again, whose ratio against bare is the machine's noise alone
+AGAIN = "bare (again)"
+
+
+def _code_of(variant: str) -> str:
+    """The child's variant for a row of the results (the A/A control runs bare's code)."""
+    return "bare" if variant == AGAIN else variant
+
+
 def child(variant: str, n: int, delay_ms: float, data: Path, cpu: int | None = None) -> dict[str, Any]:
     code = CHILD
     # cpu: the child (and the judge workers it starts, which inherit its affinity) runs on that core only
@@ -364,11 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in args.streams:
             runs: dict[str, list[dict[str, Any]]] = {"bare": [], "judged": [], "in_process": [],
-                                                     "sampled_out": []}
+                                                     "sampled_out": [], AGAIN: []}
             runs.update({f"processes={p}": [] for p in args.processes})
             for _ in range(args.repeat):
                 for variant in runs:  # interleaved: drift on a noisy machine hits every variant alike
-                    runs[variant].append(child(variant, n, args.delay_ms, data))
+                    runs[variant].append(child(_code_of(variant), n, args.delay_ms, data))
             results[str(n)] = summarize(runs)
         if args.one_core:
             # a one-core host or container: the judge's worker takes the app's own core, niced
