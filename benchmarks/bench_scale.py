@@ -9,8 +9,9 @@ set of distinct texts otherwise), so the local judge's caches only hit where a r
 interleaved in fresh processes, each repeated:
 
 - ``bare``: the same loop without streamjudge (the baseline of every ratio);
-- ``bare (again)``: ``bare`` run a second time in each round: its ratio against ``bare`` is what this machine's
-  noise alone does to a ratio (an A/A comparison), the floor under which no variant's difference means anything;
+- ``bare (again)``: ``bare`` run a second time in each round: its ratio against ``bare`` is what this
+  machine's noise alone does to a ratio (an A/A comparison), the floor under which no variant's difference
+  means anything;
 - ``judged``: streamjudge with its defaults, local judge on every checkpoint and the final answer
   (``judge_processes="auto"``: in the app's process until its CPU weighs on the app, then in one worker);
 - ``in_process``: as ``judged`` with ``judge_processes=0``: the local judge never leaves the app's process;
