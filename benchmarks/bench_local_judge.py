@@ -142,7 +142,8 @@ def _bench_streams(streams: Sequence[tuple[tuple[str, ...], str]], repeat: int) 
 
 def _bench_tiers(streams: Sequence[tuple[tuple[str, ...], str]], repeat: int) -> dict[str, Any]:
     prepared = [(ctx, answer, _checkpoint_texts(answer)) for ctx, answer in streams]
-    settings = Settings()
+    # the judges themselves, in this thread (the default, "auto", wraps them to move to a worker under load)
+    settings = Settings(judge_processes=0)
 
     def tier(name: str) -> LocalJudge:
         judge: Judge = create_judge("local", settings, tier=name)  # type: ignore[arg-type]
