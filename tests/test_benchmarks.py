@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+# appended: a benchmark module (run.py) must not shadow any other module a test imports
+sys.path.append(str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import bench_local_judge
 
