@@ -12,7 +12,7 @@ sys.path.append(str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench_local_judge
 
 
-def test_local_judge_tiers_runs_with_the_default_settings() -> None:
+def test_local_judge_tiers_section_runs_to_its_end() -> None:
     # the default judge_processes ("auto") wraps the local judge; the tiers section measures the judges
     # themselves, sharing one index cache in this thread
     answer = ("The company was founded in 1998 in Palo Alto. It listed its shares on the Nasdaq in August. "
