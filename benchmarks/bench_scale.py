@@ -16,6 +16,10 @@ interleaved in fresh processes, each repeated:
   (``judge_processes="auto"``: in the app's process until its CPU weighs on the app, then in one worker);
 - ``in_process``: as ``judged`` with ``judge_processes=0``: the local judge never leaves the app's process;
 - ``sampled_out``: streamjudge with a zero sample rate (the guard and its spans, no judging at all);
+- ``model_judge``: streamjudge with a judge that answers every checkpoint after 300 ms, as a model over
+  the network would (a fixed pass, so the figure is the guard's, not a judge's CPU): verdicts are in flight
+  for most of every answer, so nearly every token is raced against them (a warning goes out during a
+  model's stall, not with its next token);
 - ``processes=N`` (``--processes 1 2``; none with ``--processes``): as ``judged`` with the local judge in N
   worker processes (``judge_processes``), so judging runs on other cores instead of under the app's GIL.
 
@@ -90,7 +94,11 @@ if variant != "bare":
                  else 0 if variant == "in_process" else "auto")
     settings = load_settings({}, preflight=False, end_wait_s=2.0,
                              sample_rate=0.0 if variant == "sampled_out" else 1.0, judge_processes=processes)
-    rt = streamjudge.configure(settings, downstream=_Discard(), set_global=False)
+    judge = None
+    if variant == "model_judge":
+        from run import SlowJudge
+        judge = SlowJudge(0.3)
+    rt = streamjudge.configure(settings, downstream=_Discard(), set_global=False, judge=judge)
     if processes != "auto" and processes:  # they start at configure time, as an app configures before traffic
         time.sleep(1.0)
     statuses = {}
@@ -376,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for n in args.streams:
             runs: dict[str, list[dict[str, Any]]] = {"bare": [], "judged": [], "in_process": [],
-                                                     "sampled_out": [], AGAIN: []}
+                                                     "sampled_out": [], "model_judge": [], AGAIN: []}
             runs.update({f"processes={p}": [] for p in args.processes})
             for _ in range(args.repeat):
                 for variant in runs:  # interleaved: drift on a noisy machine hits every variant alike

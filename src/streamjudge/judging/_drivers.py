@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable, Iterator
 from time import perf_counter
 from typing import Any
 
@@ -125,6 +125,11 @@ class AsyncWaker:
         self._waking = False
         self._release()
 
+    @property
+    def flagged(self) -> bool:
+        """A verdict arrived since the last :meth:`wait` ended."""
+        return self._flag
+
     async def wait(self, other: asyncio.Future[Any] | None, timeout: float | None) -> None:
         fut = self._fut = self._loop.create_future()
         # one future woken by either side (cheaper than asyncio.wait's per-call set and waiter)
@@ -181,12 +186,157 @@ def _open_stream(s: GuardSession, opened: list[list[StreamEvent] | Exception],
             deferred.pop()()
 
 
-def _unless_done(fut: asyncio.Future[Any], work: Callable[[], None],
-                 later: Callable[[Callable[[], None]], None]) -> None:
-    if fut.done():
-        later(work)
-    else:
-        work()
+_BARE: Any = object()  # a step's blocker after a bare ``yield`` (asyncio.sleep(0)): one loop pass, then on
+
+
+class _Step:
+    """The source's next token, asked for and not come yet, its awaitable stepped by the stream's own task.
+
+    Racing the next token against verdicts used to run it as a task of its own: the source's steps then ran
+    in other tasks, each with a copy of the context. A context variable the source set in one step was gone
+    in the next (its ``reset`` raised), a timeout it entered was bound to a task gone by the time it fired,
+    and every raced token paid for a task. Stepped here, as a task steps a coroutine, the source runs as
+    under a plain ``await``: in the stream's task and context, while the driver waits on the future the
+    source waits on and on its verdicts at once.
+    """
+
+    __slots__ = ("_error", "_it", "_value", "blocker", "ready")
+
+    def __init__(self, awaitable: Awaitable[Any]) -> None:
+        it = awaitable.__await__()
+        # an __await__ that returns a plain iterator: stepped through a generator, as ensure_future would
+        self._it: Generator[Any, None, Any] = it if hasattr(it, "send") else _delegate(it)
+        self.blocker: Any = None  # the future the source waits on, or _BARE
+        self.ready = False  # the token came (or the source raised): take() it
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def advance(self, exc: BaseException | None = None) -> bool:
+        """Run the source on until it waits on a future that is not done (False) or its step ended (True).
+
+        ``exc`` is thrown into the source at its await (a cancellation), as a task would."""
+        b = self.blocker
+        if exc is None and b is not None and b is not _BARE and not b.done():
+            return False
+        it = self._it
+        while True:
+            try:
+                y = it.send(None) if exc is None else it.throw(exc)
+            except StopIteration as stop:
+                self._value = stop.value
+                self.blocker = exc = None
+                self.ready = True
+                return True
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as err:  # StopAsyncIteration at the end, or the source's failure
+                self._error = err
+                # (``exc``, when thrown, is in err's traceback, which holds this frame)
+                self.blocker = exc = None
+                self.ready = True
+                return True
+            exc = None
+            if y is None:  # a bare yield: the source lets the loop run once
+                self.blocker = _BARE
+                return False
+            if getattr(y, "_asyncio_future_blocking", None):
+                y._asyncio_future_blocking = False  # taken, as a task takes it
+                self.blocker = y
+                if not y.done():
+                    return False
+            else:  # what a task would say to such a yield
+                exc = RuntimeError(f"the token source yielded {y!r}, not an asyncio future")
+
+    def take(self) -> Any:
+        """The token (raises what the source raised, StopAsyncIteration at its end)."""
+        err = self._error
+        if err is not None:
+            # neither the step nor this frame keeps it: its traceback holds both frames, and a cycle
+            # through them would keep the whole stream for the cyclic GC
+            self._error = None
+            try:
+                raise err
+            finally:
+                del err
+        return self._value
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        # the rest of the step, awaited without racing (the task awaiting it waits on the source's future)
+        while not self.ready:
+            b = self.blocker
+            try:
+                if b is _BARE:
+                    yield None
+                else:
+                    b._asyncio_future_blocking = True
+                    yield b
+            except GeneratorExit:  # the awaiting coroutine is being destroyed: so is this step
+                raise
+            except BaseException as exc:  # the awaiting task was cancelled: so is the source's step
+                self.advance(exc)
+                continue
+            self.advance()
+        return self.take()
+
+    def abandon(self) -> None:
+        """The stream no longer wants this token: the source's step is cancelled, as cancelling its task
+        would (the source sees CancelledError at its await and runs its cleanup)."""
+        if self.ready:
+            self._error = None
+            return
+        b = self.blocker
+        if b is not None and b is not _BARE and b.cancel():
+            done = self.advance()  # the source's await raises CancelledError, as under a task
+        else:
+            done = self.advance(asyncio.CancelledError())
+        if done:
+            self._error = None
+        else:
+            # the source awaits in its cleanup: a task runs the rest of it, so aclose() finds it ended
+            try:
+                task = asyncio.ensure_future(self._finish())
+            except RuntimeError:  # no loop runs any more (a stream closed at exit): nothing can run it
+                return
+            _finishing.add(task)
+            task.add_done_callback(_finishing.discard)
+
+    async def _finish(self) -> None:
+        try:
+            await self
+        except BaseException:  # the cancellation it was given, or its cleanup's failure: nobody waits
+            _log.debug("streamjudge: an abandoned token source step ended", exc_info=True)
+
+
+def _delegate(it: Iterator[Any]) -> Generator[Any, None, Any]:
+    return (yield from it)
+
+
+_finishing: set[asyncio.Future[None]] = set()  # abandoned steps being finished (a task only the loop holds
+# weakly would be collected mid-step)
+
+
+async def _wait_step(step: _Step, waker: AsyncWaker, timeout: float | None) -> None:
+    """Step the source until its token came, a verdict arrived or ``timeout`` passed."""
+    while not step.ready:
+        b = step.blocker
+        try:
+            if b is _BARE:
+                await asyncio.sleep(0)
+                if waker.flagged:
+                    return
+            else:
+                await waker.wait(b, timeout)
+                if not b.done():
+                    return  # a verdict (or the timeout): the step stays where it is
+        except asyncio.CancelledError as exc:
+            # the stream's task was cancelled while the source waited: under a plain await the source's own
+            # await would raise it (and a timeout the source entered would turn it into TimeoutError there),
+            # so the source gets it, and the driver what the source makes of it
+            if b is not _BARE:
+                b.cancel()
+            step.advance(exc)
+            continue
+        step.advance()
 
 
 class GuardedStream:
@@ -217,11 +367,11 @@ class GuardedStream:
         deferred: list[Callable[[], None]] = []
         s.set_deferral(deferred.append)
         source: AsyncIterator[Any] = _to_async(self._source)
-        nxt: asyncio.Future[Any] | None = None
+        step: _Step | None = None  # the next token, asked for and not taken yet
         outcome = "completed"
         slow = False  # measured while verdicts are in flight
         timer = 1  # tokens until the next timed one: the first token awaited with verdicts in flight
-        nxt_started = 0.0
+        step_started = 0.0
         first: Any = _NO_TOKEN  # the source's first token, when it was asked for before start()
         late = s.prepare_late_start()
         burst = 0  # tokens appended to the session's held list by the main loop, not yet counted by it
@@ -263,24 +413,24 @@ class GuardedStream:
                     for ev in s.drain():
                         yield ev
             if s.preflight_pending and not s.stopped and not late:
-                nxt = asyncio.ensure_future(anext(source))
-                if deferred:
-                    # the pre-flight request, after the source task's first step: out at once while the
-                    # model works on its first token, else kept for when the loop next waits (a source
-                    # that already has its tokens would have the pool's thread judge under its feet)
-                    loop.call_soon(_unless_done, nxt, deferred.pop(), deferred.append)
-                # one loop pass runs the source task's first step: a source with its first token at hand
-                # is done then, and needs no future, timer and callbacks to race the gate's verdict
-                await asyncio.sleep(0)
+                step = _Step(source.__anext__())
+                # the source's first step runs now: a source with its first token at hand is done then,
+                # and needs no future, timer and callbacks to race the gate's verdict
+                step.advance()
+                if deferred and not step.ready:
+                    # the pre-flight request, after the source's first step: out at once while the model
+                    # works on its first token, else kept for when the loop next waits (a source that
+                    # already has its tokens would have the pool's thread judge under its feet)
+                    loop.call_soon(deferred.pop())
                 deadline = loop.time() + s.settings.preflight_wait_s
                 # the first token waits only when the gate's policy may stop the answer before it
-                while (s.preflight_pending and (s.preflight_blocks or not nxt.done())
+                while (s.preflight_pending and (s.preflight_blocks or not step.ready)
                        and loop.time() < deadline):
-                    await waker.wait(nxt, deadline - loop.time())
+                    await _wait_step(step, waker, deadline - loop.time())
                     for ev in s.drain():
                         yield ev
             new_event = _new_event
-            if nxt is None and not s.judging and not hold and not s.stopped and not s.has_events:
+            if step is None and not s.judging and not hold and not s.stopped and not s.has_events:
                 # nothing will judge this stream (sampled out, skipped at start), so no verdict can come
                 # and a token needs no more than the text kept for the answer span: after the first one
                 # (which accept() times) a plain token is a list append here, not a call into the session
@@ -325,7 +475,6 @@ class GuardedStream:
             # bound once for the token loop below (a judged stream's: a stream nothing judges keeps none)
             accept = s.accept
             call_soon = loop.call_soon
-            create_task = loop.create_task
             pending = s._pending  # the set itself: its truthiness is the cheapest "verdicts in flight?"
             broken = False
             while True:  # one round per token source: the app's, then each regeneration's
@@ -334,9 +483,9 @@ class GuardedStream:
                         for ev in s.drain():
                             yield ev
                         if s.regen_request is not None:
-                            if nxt is not None:
-                                nxt.cancel()
-                                nxt = None
+                            if step is not None:
+                                step.abandon()
+                                step = None
                             await _aclose(source)
                             source = _to_async(s.open_regeneration(s.begin_regeneration()))
                             pending = s._pending
@@ -346,7 +495,7 @@ class GuardedStream:
                         break
                     if first is not _NO_TOKEN:  # asked for before start(): it is the first one through
                         tok, first = first, _NO_TOKEN
-                    elif not pending and nxt is None and not s.preflight_pending:
+                    elif not pending and step is None and not s.preflight_pending:
                         # the fast path: nothing in flight, just the next token
                         if deferred:
                             call_soon(deferred.pop())
@@ -356,42 +505,31 @@ class GuardedStream:
                             break
                     elif (pending or s.preflight_pending) and slow:
                         # verdicts in flight and a slow source: race the next token against them (a fast
-                        # one sees them before its next token anyway; racing would cost each token a task)
-                        if nxt is None:
-                            nxt_started = perf_counter()
-                            step = source.__anext__()
-                            try:
-                                # the loop's own create_task: ensure_future's checks and look-ups cost a
-                                # raced token 0.9-2 µs of its 6-15 (an async generator's step is a
-                                # coroutine to asyncio, as ensure_future would find)
-                                nxt = create_task(step)  # type: ignore[arg-type]
-                            except TypeError:  # an awaitable that is not a coroutine (an iterator's own)
-                                nxt = asyncio.ensure_future(step)
-                            del step
+                        # one sees them before its next token anyway, and racing costs each token a few
+                        # µs of stepping the source by hand)
+                        if step is None:
+                            step_started = perf_counter()
+                            step = _Step(source.__anext__())
+                            step.advance()
                         if deferred:
-                            call_soon(deferred.pop())  # after the source task's first step
-                        if not nxt.done():
-                            await waker.wait(nxt, None)
-                            if not nxt.done():
-                                continue
-                        fut, nxt = nxt, None
+                            call_soon(deferred.pop())  # after the source's first step
+                        if not step.ready:
+                            await _wait_step(step, waker, None)
+                            if not step.ready:
+                                continue  # a verdict: drained above, the source's step kept as it is
+                        taken, step = step, None
                         try:
-                            tok = fut.result()
+                            tok = taken.take()
                         except StopAsyncIteration:
-                            # the task keeps the exception, whose traceback keeps this frame, whose
-                            # locals keep the task: a cycle holding the whole stream (its session,
-                            # spans, verdicts) for the cyclic GC. Dropped here, refcounting frees them
-                            del fut
                             break
-                        slow = perf_counter() - nxt_started > _RACE_GAP_S
-                    elif nxt is not None:
+                        slow = perf_counter() - step_started > _RACE_GAP_S
+                    elif step is not None:
                         if deferred:
                             call_soon(deferred.pop())
-                        fut, nxt = nxt, None
+                        taken, step = step, None
                         try:
-                            tok = await fut
+                            tok = await taken
                         except StopAsyncIteration:
-                            del fut  # as above
                             break
                     else:
                         if deferred:
@@ -458,9 +596,9 @@ class GuardedStream:
                     if text is not None and not hold:
                         # tuple.__new__ skips NamedTuple's Python-level __new__: this runs per token
                         yield new_event(StreamEvent, ("token", text, None))
-                if nxt is not None:
-                    nxt.cancel()
-                    nxt = None
+                if step is not None:
+                    step.abandon()
+                    step = None
                 if s.stopped:
                     outcome = "stopped"
                     break
@@ -491,8 +629,8 @@ class GuardedStream:
         finally:
             s.set_notify(None)
             s.set_deferral(None)
-            if nxt is not None:
-                nxt.cancel()
+            if step is not None:
+                step.abandon()
             if s.stopped or outcome != "completed":
                 await _aclose(source)
 

@@ -1,0 +1,151 @@
+"""A raced token is asked for in the stream's own task and context, as an unguarded ``async for`` would."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import AsyncIterator
+
+from _fakes import KeywordJudge
+from conftest import Harness
+from streamjudge import guard
+
+CONTEXTS = ["The sky is blue. Grass is green. Water is wet."]
+TEXT = "The sky is blue. Grass is green. Water is wet. The sky is blue again. Grass is green again. "
+
+_var: contextvars.ContextVar[str] = contextvars.ContextVar("app_var", default="unset")
+
+
+def _slow_judge(harness: Harness) -> None:
+    # verdicts stay in flight for the whole answer and the source is slow: every token is raced
+    harness.configure(KeywordJudge(delay_s=5.0), window_sentences=1, preflight=False, end_wait_s=0.0)
+
+
+def test_a_source_sees_its_own_context_variables_from_token_to_token(harness: Harness) -> None:
+    _slow_judge(harness)
+    seen: list[str] = []
+
+    async def source() -> AsyncIterator[str]:
+        token = _var.set("set by the source")
+        for w in TEXT.split(" "):
+            await asyncio.sleep(0.003)
+            seen.append(_var.get())
+            yield w + " "
+        _var.reset(token)  # raises ValueError when a token was made in another context
+
+    async def main() -> str:
+        async for _ in guard(source(), question="sky", contexts=CONTEXTS):
+            pass
+        return _var.get()
+
+    assert asyncio.run(main()) == "unset"
+    assert seen and set(seen) == {"set by the source"}
+
+
+def test_a_timeout_around_the_source_fires_in_the_stream_task(harness: Harness) -> None:
+    # asyncio.timeout() binds to the task that entered it: a source whose steps ran in a task per token
+    # would have its deadline cancel a finished task, and the stream would run on past it
+    _slow_judge(harness)
+
+    async def source() -> AsyncIterator[str]:
+        for w in TEXT.split(" "):  # racing is on by the end of these
+            await asyncio.sleep(0.005)
+            yield w + " "
+        async with asyncio.timeout(0.25):
+            for _ in range(1000):
+                await asyncio.sleep(0.005)
+                yield "more words. "
+
+    async def main() -> tuple[int, str]:
+        n = 0
+        try:
+            async for ev in guard(source(), question="sky", contexts=CONTEXTS):
+                n += ev.type == "token"
+        except TimeoutError:
+            return n, "timeout"
+        return n, "completed"
+
+    tokens, how = asyncio.run(asyncio.wait_for(main(), 10))
+    assert how == "timeout" and 10 < tokens < 200, (tokens, how)
+
+
+def test_the_stream_task_is_the_one_the_source_runs_in(harness: Harness) -> None:
+    _slow_judge(harness)
+    tasks: set[asyncio.Task[object] | None] = set()
+
+    async def source() -> AsyncIterator[str]:
+        for w in TEXT.split(" "):
+            await asyncio.sleep(0.003)
+            tasks.add(asyncio.current_task())
+            yield w + " "
+
+    async def main() -> asyncio.Task[object] | None:
+        async for _ in guard(source(), question="sky", contexts=CONTEXTS):
+            pass
+        return asyncio.current_task()
+
+    me = asyncio.run(main())
+    assert tasks == {me}
+
+
+def test_a_stop_while_a_token_is_raced_cancels_the_source_at_its_await(harness: Harness) -> None:
+    # the stop verdict lands while the next token is asked for: the source sees CancelledError where it
+    # waits, as if its task were cancelled, and its cleanup (which awaits) runs to its end
+    harness.configure(KeywordJudge(delay_s=0.05), window_sentences=1, preflight=False, action="stop")
+    seen: list[str] = []
+
+    async def source() -> AsyncIterator[str]:
+        try:
+            for w in ("The sky is blue. Then HALLUCINATED facts appear. " + "More words. " * 100).split(" "):
+                await asyncio.sleep(0.01)
+                yield w + " "
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        finally:
+            await asyncio.sleep(0.01)  # the model client's own close
+            seen.append("closed")
+
+    async def main() -> list[str]:
+        types = [ev.type async for ev in guard(source(), question="sky", contexts=CONTEXTS)]
+        await asyncio.sleep(0.1)  # the source's cleanup finishes on the loop
+        return types
+
+    types = asyncio.run(main())
+    assert types[-1] == "done" and "stop" in types
+    assert types.count("token") < 60
+    assert seen == ["cancelled", "closed"]
+
+
+def test_a_client_that_leaves_while_a_token_is_raced_cancels_the_source_where_it_waits(
+    harness: Harness,
+) -> None:
+    _slow_judge(harness)
+    seen: list[str] = []
+
+    async def source() -> AsyncIterator[str]:
+        try:
+            for w in (TEXT * 20).split(" "):
+                await asyncio.sleep(0.005)
+                yield w + " "
+        except asyncio.CancelledError:
+            seen.append("cancelled at its await")
+            raise
+
+    async def main() -> None:
+        async def consume() -> None:
+            async for _ in guard(source(), question="sky", contexts=CONTEXTS):
+                pass
+
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.3)  # racing by now
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            seen.append("the stream task cancelled")
+
+    asyncio.run(main())
+    assert seen == ["cancelled at its await", "the stream task cancelled"]
+    stream = [s for s in harness.spans() if s.name == "streamjudge.stream"]
+    assert stream and stream[0].attributes["streamjudge.stream.outcome"] == "disconnected"
