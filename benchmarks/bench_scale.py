@@ -17,9 +17,10 @@ interleaved in fresh processes, each repeated:
 - ``in_process``: as ``judged`` with ``judge_processes=0``: the local judge never leaves the app's process;
 - ``sampled_out``: streamjudge with a zero sample rate (the guard and its spans, no judging at all);
 - ``model_judge``: streamjudge with a judge that answers every checkpoint after 300 ms, as a model over
-  the network would (a fixed pass, so the figure is the guard's, not a judge's CPU): verdicts are in flight
-  for most of every answer, so nearly every token is raced against them (a warning goes out during a
-  model's stall, not with its next token);
+  the network would (a fixed pass, so the figure is the guard's, not a judge's CPU), 128 calls in flight
+  (``concurrency``, as an app sizes it for a model's latency; the default 4 would judge ~13 calls/s):
+  verdicts are in flight for most of every answer, so nearly every token is raced against them (a warning
+  goes out during a model's stall, not with its next token);
 - ``processes=N`` (``--processes 1 2``; none with ``--processes``): as ``judged`` with the local judge in N
   worker processes (``judge_processes``), so judging runs on other cores instead of under the app's GIL.
 
@@ -93,7 +94,8 @@ if variant != "bare":
     processes = (int(variant.partition("=")[2]) if variant.startswith("processes=")
                  else 0 if variant == "in_process" else "auto")
     settings = load_settings({}, preflight=False, end_wait_s=2.0,
-                             sample_rate=0.0 if variant == "sampled_out" else 1.0, judge_processes=processes)
+                             sample_rate=0.0 if variant == "sampled_out" else 1.0, judge_processes=processes,
+                             **({"concurrency": 128} if variant == "model_judge" else {}))
     judge = None
     if variant == "model_judge":
         from run import SlowJudge
