@@ -257,3 +257,49 @@ def test_an_instrumented_graph_run_is_freed_without_the_cyclic_gc(harness, mode:
         inst.uninstrument()
     left = Counter(ours(found))
     assert not left, left
+
+
+def test_a_held_back_answer_streams_its_model_in_the_requests_own_task(harness, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # hold-back races the model's next chunk against the verdicts in flight: the model's stream must still
+    # run as it would uninstrumented - in the request's task and context, a context variable it sets kept
+    # from chunk to chunk (a reset of it in another context raises)
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("model_client", default="unset")
+    tasks: list[set[object]] = []  # per model call: the tasks its chunks were made in
+    seen: set[str] = set()
+    real = rag.OfflineChatModel._astream
+
+    async def astream(self, messages, stop=None, run_manager=None, **kwargs):  # type: ignore[no-untyped-def]
+        token = var.set("open")
+        mine: set[object] = set()
+        tasks.append(mine)
+        async for chunk in real(self, messages, stop, run_manager, **kwargs):
+            mine.add(asyncio.current_task())
+            seen.add(var.get())
+            yield chunk
+        var.reset(token)
+
+    monkeypatch.setattr(rag.OfflineChatModel, "_astream", astream)
+    monkeypatch.setenv("EXAMPLE_TOKEN_DELAY_MS", "5")
+    rt = harness.configure(KeywordJudge(delay_s=0.05), end_wait_s=1.0, mode="hold_back")
+    inst = StreamJudgeInstrumentor()
+    inst.instrument()
+
+    async def request() -> str:
+        out = []
+        with rt.tracer.start_as_current_span("request"):
+            async for event, payload in rag.stream_answer(rag.build_graph(), "How tall is the Eiffel Tower?"):
+                if event == "token":
+                    out.append(payload["token"])
+        return "".join(out)
+
+    try:
+        answer = asyncio.run(request())
+    finally:
+        inst.uninstrument()
+    assert answer and seen == {"open"}
+    assert tasks and all(len(t) == 1 for t in tasks)  # each call in its own node's task, as uninstrumented
+    stream = next(s for s in harness.spans() if s.name == semconv.SPAN_STREAM)
+    assert stream.attributes[semconv.STREAM_OUTCOME] == "completed"
+    assert stream.attributes[semconv.STREAM_ANSWER] == answer

@@ -178,21 +178,27 @@ class _Tap:
         binding.driver = self
         binding.source = "graph"
         binding.regenerate = self._regenerate
+        from streamjudge.judging._drivers import AsyncWaker, SourceStep, wait_step
+
         source: AsyncIterator[Any] = aiter(self.wrapped(*self.args, **self.kwargs))
         loop = asyncio.get_running_loop()
         woke = self._woke = asyncio.Event()
+
+        # wakes a raced chunk's wait (only while it waits), as for a guarded stream
+        waker = AsyncWaker(loop)
 
         def notify() -> None:
             # a verdict wakes the loop only while the tap sleeps on one: while tokens flow the tap reads
             # the inbox after every chunk anyway, and each cross-thread wake-up costs a syscall, a loop
             # iteration and a GIL hand-off. (The tap sets `_waiting` before it looks at the inbox and the
             # pool sets the inbox flag before it reads `_waiting`, so no wake-up is lost.)
+            waker.notify()
             if self._waiting:
                 with contextlib.suppress(RuntimeError):  # loop closed: nobody waits any more
                     loop.call_soon_threadsafe(woke.set)
 
         meta: list[Any] = []  # text-less chunks that arrived while text was held
-        nxt: asyncio.Future[Any] | None = None
+        step: SourceStep | None = None  # the model's next chunk, asked for while text is held
         ok = False
         try:
             while True:
@@ -203,41 +209,28 @@ class _Tap:
                     if s.stopped:
                         break
                     if s.regen_request is not None:
-                        if nxt is not None:
-                            nxt.cancel()
-                            nxt = None
+                        if step is not None:
+                            step.abandon()
+                            step = None
                         await _aclose(source)
                         source = self._begin_regeneration(s)
                         continue
                 try:
-                    if nxt is None and not (s is not None and s.hold_back and s.outstanding):
+                    if step is None and not (s is not None and s.hold_back and s.outstanding):
                         chunk = await anext(source)
                     else:
-                        # text held while verdicts are in flight: race the next chunk against them
-                        if nxt is None:
-                            nxt = asyncio.ensure_future(anext(source))
-                        woke.clear()
-                        self._waiting = True
-                        try:
-                            if s is not None and not s.has_events and s.outstanding:
-                                waiter = asyncio.ensure_future(woke.wait())
-                                try:
-                                    await asyncio.wait({nxt, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                                finally:
-                                    waiter.cancel()
-                            else:
-                                await asyncio.wait({nxt})
-                        finally:
-                            self._waiting = False
-                        if not nxt.done():
-                            continue
-                        fut, nxt = nxt, None
-                        try:
-                            chunk = fut.result()
-                        finally:
-                            # a StopAsyncIteration the task keeps holds this frame in its traceback, and the
-                            # frame's locals the task: a cycle holding the stream for the cyclic GC
-                            del fut
+                        # text held while verdicts are in flight: race the next chunk against them, the
+                        # model's stream stepped in this task and context as under a plain await (a task
+                        # of its own would run it in a copy of the context: see SourceStep)
+                        if step is None:
+                            step = SourceStep(anext(source))
+                            step.advance()
+                        if not step.ready and s is not None and not s.has_events and s.outstanding:
+                            await wait_step(step, waker, None)
+                            if not step.ready:
+                                continue  # a verdict: drained above, the model's step kept as it is
+                        taken, step = step, None
+                        chunk = await taken  # at once when the chunk is in
                 except StopAsyncIteration:
                     if s is None or not self._waits(s):
                         break
@@ -308,8 +301,8 @@ class _Tap:
                 yield c
             ok = True
         finally:
-            if nxt is not None:
-                nxt.cancel()
+            if step is not None:
+                step.abandon()
             if not ok or (self.session is not None and self.session.stopped):
                 await _aclose(source)
             if self.session is not None:

@@ -189,7 +189,7 @@ def _open_stream(s: GuardSession, opened: list[list[StreamEvent] | Exception],
 _BARE: Any = object()  # a step's blocker after a bare ``yield`` (asyncio.sleep(0)): one loop pass, then on
 
 
-class _Step:
+class SourceStep:
     """The source's next token, asked for and not come yet, its awaitable stepped by the stream's own task.
 
     Racing the next token against verdicts used to run it as a task of its own: the source's steps then ran
@@ -315,7 +315,7 @@ _finishing: set[asyncio.Future[None]] = set()  # abandoned steps being finished 
 # weakly would be collected mid-step)
 
 
-async def _wait_step(step: _Step, waker: AsyncWaker, timeout: float | None) -> None:
+async def wait_step(step: SourceStep, waker: AsyncWaker, timeout: float | None) -> None:
     """Step the source until its token came, a verdict arrived or ``timeout`` passed."""
     while not step.ready:
         b = step.blocker
@@ -367,7 +367,7 @@ class GuardedStream:
         deferred: list[Callable[[], None]] = []
         s.set_deferral(deferred.append)
         source: AsyncIterator[Any] = _to_async(self._source)
-        step: _Step | None = None  # the next token, asked for and not taken yet
+        step: SourceStep | None = None  # the next token, asked for and not taken yet
         outcome = "completed"
         slow = False  # measured while verdicts are in flight
         timer = 1  # tokens until the next timed one: the first token awaited with verdicts in flight
@@ -413,7 +413,7 @@ class GuardedStream:
                     for ev in s.drain():
                         yield ev
             if s.preflight_pending and not s.stopped and not late:
-                step = _Step(source.__anext__())
+                step = SourceStep(source.__anext__())
                 # the source's first step runs now: a source with its first token at hand is done then,
                 # and needs no future, timer and callbacks to race the gate's verdict
                 step.advance()
@@ -426,7 +426,7 @@ class GuardedStream:
                 # the first token waits only when the gate's policy may stop the answer before it
                 while (s.preflight_pending and (s.preflight_blocks or not step.ready)
                        and loop.time() < deadline):
-                    await _wait_step(step, waker, deadline - loop.time())
+                    await wait_step(step, waker, deadline - loop.time())
                     for ev in s.drain():
                         yield ev
             new_event = _new_event
@@ -509,12 +509,12 @@ class GuardedStream:
                         # µs of stepping the source by hand)
                         if step is None:
                             step_started = perf_counter()
-                            step = _Step(source.__anext__())
+                            step = SourceStep(source.__anext__())
                             step.advance()
                         if deferred:
                             call_soon(deferred.pop())  # after the source's first step
                         if not step.ready:
-                            await _wait_step(step, waker, None)
+                            await wait_step(step, waker, None)
                             if not step.ready:
                                 continue  # a verdict: drained above, the source's step kept as it is
                         taken, step = step, None
