@@ -149,3 +149,66 @@ def test_a_client_that_leaves_while_a_token_is_raced_cancels_the_source_where_it
     assert seen == ["cancelled at its await", "the stream task cancelled"]
     stream = [s for s in harness.spans() if s.name == "streamjudge.stream"]
     assert stream and stream[0].attributes["streamjudge.stream.outcome"] == "disconnected"
+
+
+def test_a_step_awaited_to_its_end_passes_a_cancellation_to_the_source_at_its_await() -> None:
+    from streamjudge.judging._drivers import SourceStep
+
+    seen: list[str] = []
+
+    async def source() -> AsyncIterator[str]:
+        try:
+            await asyncio.sleep(10)
+            yield "never"
+        except asyncio.CancelledError:
+            seen.append("source cancelled at its await")
+            raise
+
+    async def main() -> None:
+        gen = source()
+        step = SourceStep(gen.__anext__())
+        assert not step.advance()  # the source waits on its sleep
+
+        async def rest() -> str:
+            return str(await step)
+
+        task = asyncio.ensure_future(rest())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            seen.append("the awaiting task cancelled")
+        assert step.ready and step.advance()  # a step that ended stays ended
+        await gen.aclose()
+
+    asyncio.run(main())
+    assert seen == ["source cancelled at its await", "the awaiting task cancelled"]
+
+
+def test_a_step_takes_any_awaitable_a_task_would() -> None:
+    from streamjudge.judging._drivers import SourceStep
+
+    class PlainIterator:  # an __await__ that returns an iterator without send()
+        def __await__(self):  # type: ignore[no-untyped-def]
+            return iter(())
+
+    class BadYield:  # a yield a task refuses: the source gets the task's RuntimeError
+        def __await__(self):  # type: ignore[no-untyped-def]
+            try:
+                yield "not a future"
+            except RuntimeError as exc:
+                return f"refused: {exc}"
+            return "accepted"
+
+    async def main() -> tuple[object, object, object]:
+        plain = SourceStep(PlainIterator())
+        assert plain.advance()
+        bad = SourceStep(BadYield())
+        assert bad.advance()
+        bare = SourceStep(asyncio.sleep(0, "after one pass"))
+        assert not bare.advance()
+        return plain.take(), bad.take(), await bare
+
+    plain, bad, bare = asyncio.run(main())
+    assert plain is None and str(bad).startswith("refused: ") and bare == "after one pass"

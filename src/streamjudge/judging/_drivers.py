@@ -215,6 +215,8 @@ class SourceStep:
         """Run the source on until it waits on a future that is not done (False) or its step ended (True).
 
         ``exc`` is thrown into the source at its await (a cancellation), as a task would."""
+        if self.ready:
+            return True
         b = self.blocker
         if exc is None and b is not None and b is not _BARE and not b.done():
             return False
@@ -262,7 +264,7 @@ class SourceStep:
 
     def __await__(self) -> Generator[Any, None, Any]:
         # the rest of the step, awaited without racing (the task awaiting it waits on the source's future)
-        while not self.ready:
+        while not self.advance():
             b = self.blocker
             try:
                 if b is _BARE:
@@ -274,8 +276,6 @@ class SourceStep:
                 raise
             except BaseException as exc:  # the awaiting task was cancelled: so is the source's step
                 self.advance(exc)
-                continue
-            self.advance()
         return self.take()
 
     def abandon(self) -> None:
