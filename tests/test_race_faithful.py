@@ -212,3 +212,34 @@ def test_a_step_takes_any_awaitable_a_task_would() -> None:
 
     plain, bad, bare = asyncio.run(main())
     assert plain is None and str(bad).startswith("refused: ") and bare == "after one pass"
+
+
+def test_a_warning_reaches_the_reader_while_the_source_only_yields_to_the_loop(harness: Harness) -> None:
+    # a source busy between tokens, letting the loop run with bare yields (asyncio.sleep(0)) but waiting on
+    # no future: a verdict that lands meanwhile goes out at the next pass, not with the token after the work
+    import time
+
+    harness.configure(KeywordJudge(delay_s=0.05), window_sentences=1, preflight=False)
+
+    async def source() -> AsyncIterator[str]:
+        for w in ["The", "sky", "is", "blue.", "Then", "HALLUCINATED", "facts", "appear.", "More"]:
+            await asyncio.sleep(0.02)  # slow: racing is on
+            yield w + " "
+        until = time.monotonic() + 0.6
+        while time.monotonic() < until:  # the model client's CPU work, yielding to the loop
+            time.sleep(0.0005)
+            await asyncio.sleep(0)
+        yield "Done."
+
+    async def main() -> tuple[float, float]:
+        t0 = time.monotonic()
+        warned = done = 0.0
+        async for ev in guard(source(), question="sky", contexts=CONTEXTS):
+            if ev.type == "warning" and not warned:
+                warned = time.monotonic() - t0
+            elif ev.type == "token" and ev.text == "Done.":
+                done = time.monotonic() - t0
+        return warned, done
+
+    warned, done = asyncio.run(main())
+    assert 0 < warned < done - 0.3, (warned, done)
