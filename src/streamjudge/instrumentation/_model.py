@@ -23,7 +23,6 @@ called (subclasses override it, so wrapping ``BaseChatModel`` alone would miss t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -34,6 +33,7 @@ from wrapt import wrap_function_wrapper
 from streamjudge.instrumentation._binding import StreamBinding
 
 if TYPE_CHECKING:
+    from streamjudge.judging._drivers import AsyncWaker
     from streamjudge.judging.guard import GuardSession, RegenerateRequest, StreamEvent
 
 _log = logging.getLogger(__name__)
@@ -160,8 +160,10 @@ class _Tap:
         self.accepted: list[str] = []  # the answer text since the last regeneration's prefix
         self.released = 0  # chars of it the node received
         self.like: Any = None  # a chunk of this model, for re-chunked text
-        self._woke: asyncio.Event | None = None
-        self._waiting = False  # the tap sleeps until a verdict arrives (only then do verdicts wake it)
+        # a verdict wakes the loop only while the tap sleeps on one (see AsyncWaker): while tokens flow the
+        # tap reads the inbox after every chunk anyway, and each cross-thread wake-up costs a syscall, a loop
+        # iteration and a GIL hand-off
+        self._waker: AsyncWaker | None = None
         self._deferring = False  # the tap set the session's deferral (and removes it when it ends)
 
     def _regenerate(self, req: RegenerateRequest) -> AsyncIterator[Any]:
@@ -182,20 +184,7 @@ class _Tap:
 
         source: AsyncIterator[Any] = aiter(self.wrapped(*self.args, **self.kwargs))
         loop = asyncio.get_running_loop()
-        woke = self._woke = asyncio.Event()
-
-        # wakes a raced chunk's wait (only while it waits), as for a guarded stream
-        waker = AsyncWaker(loop)
-
-        def notify() -> None:
-            # a verdict wakes the loop only while the tap sleeps on one: while tokens flow the tap reads
-            # the inbox after every chunk anyway, and each cross-thread wake-up costs a syscall, a loop
-            # iteration and a GIL hand-off. (The tap sets `_waiting` before it looks at the inbox and the
-            # pool sets the inbox flag before it reads `_waiting`, so no wake-up is lost.)
-            waker.notify()
-            if self._waiting:
-                with contextlib.suppress(RuntimeError):  # loop closed: nobody waits any more
-                    loop.call_soon_threadsafe(woke.set)
+        waker = self._waker = AsyncWaker(loop)
 
         meta: list[Any] = []  # text-less chunks that arrived while text was held
         step: SourceStep | None = None  # the model's next chunk, asked for while text is held
@@ -250,14 +239,8 @@ class _Tap:
                         remaining = deadline - loop.time()
                         if not s.outstanding or remaining <= 0:
                             break
-                        woke.clear()
-                        self._waiting = True
-                        try:
-                            if not s.has_events:
-                                with contextlib.suppress(TimeoutError):
-                                    await asyncio.wait_for(woke.wait(), remaining)
-                        finally:
-                            self._waiting = False
+                        if not s.has_events:
+                            await waker.wait(None, remaining)
                     if switched:
                         continue
                     break
@@ -271,7 +254,7 @@ class _Tap:
                 if self.like is None:
                     self.like = chunk
                 if s is None:
-                    s = self._open(notify)
+                    s = self._open(waker.notify)
                     if s.span is None or not s.span.is_recording():
                         # unsampled: no verdict will ever come, so the guard stays out of the way
                         yield chunk
@@ -337,20 +320,12 @@ class _Tap:
         return s.hold_back or s.settings.action != "flag" or self.binding.owner == "graph"
 
     async def _wait_preflight(self, s: GuardSession) -> None:
-        woke = self._woke
-        assert woke is not None
+        waker = self._waker
+        assert waker is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + s.settings.preflight_wait_s
-        while s.preflight_pending and loop.time() < deadline:
-            woke.clear()
-            self._waiting = True
-            try:
-                if s.has_events:
-                    return
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woke.wait(), deadline - loop.time())
-            finally:
-                self._waiting = False
+        while s.preflight_pending and not s.has_events and loop.time() < deadline:
+            await waker.wait(None, deadline - loop.time())
 
     def _apply(self, events: list[StreamEvent]) -> list[Any]:
         """Chunks for the node (released text, the fallback); client events go to the wrapper."""
