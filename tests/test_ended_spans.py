@@ -338,3 +338,79 @@ def test_a_live_span_behaves_as_the_sdks(runtimes: list[Runtime]) -> None:
 def _stream_span_named(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:
     (span,) = [s for s in exporter.get_finished_spans() if s.name == name]
     return span
+
+
+@pytest.mark.parametrize("value_limit", [None, 3])
+def test_a_live_spans_event_attributes_are_the_sdks(value_limit: int | None) -> None:
+    """An event's plain attributes are stored without the SDK's cleaning; what the cleaning would change (a
+    list, a count past the limit, a length limit, a bad key) still goes through it, with the same result."""
+    limits = SpanLimits(max_event_attributes=3, max_attribute_length=value_limit)
+    events = [
+        ("plain", {"metric": "faithfulness", "score": 0.25, "index": 3, "ok": False}),
+        ("plain", {"a": "x", "b": 1}),
+        ("list", {"a": ["v", "w"], "b": 1}),
+        ("bad key", {"": 1, "b": "long text"}),
+        ("mixed", {"a": "long text", "b": (1, 2)}),
+    ]
+    spans: list[ReadableSpan] = []
+    for fast in (True, False):
+        out = InMemorySpanExporter()
+        provider = TracerProvider(span_limits=limits)
+        provider.add_span_processor(SimpleSpanProcessor(out))
+        tracer = provider.get_tracer("t")
+        span = tracer.start_span("s", start_time=1)
+        if fast:  # the same span's context, as a LiveSpan (made directly: a length limit stops EndedSpans)
+            span = LiveSpan(tracer, "s", span.get_span_context(), None, {}, 1, lambda: None)  # type: ignore[arg-type]
+        for name, attributes in events:
+            span.add_event(name, attributes, timestamp=2)
+        span.end(end_time=10)
+        spans.append(out.get_finished_spans()[-1])
+    f, s = spans
+    got = [(e.name, list((e.attributes or {}).items()), e.attributes.dropped) for e in f.events]  # type: ignore[union-attr]
+    want = [(e.name, list((e.attributes or {}).items()), e.attributes.dropped) for e in s.events]  # type: ignore[union-attr]
+    assert got == want
+    assert got[0][2] == 1  # four attributes, three kept: the oldest dropped, as the SDK counts it
+    for e in f.events:
+        with pytest.raises(TypeError):
+            e.attributes["new"] = 1  # type: ignore[index]  # immutable, as the SDK's
+
+
+def test_a_checkpoint_span_is_sampled_as_the_sdks_sampler_samples(runtimes: list[Runtime]) -> None:
+    """The SDK's default sampler is not asked about a checkpoint (its answer is known); a sampler of another
+    class is, and so is a ParentBased whose delegate for a sampled local parent is not ALWAYS_ON."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    class Asking(ParentBased):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(ALWAYS_ON, **kwargs)
+            self.asked: list[str] = []
+
+        def should_sample(self, parent_context: Context | None, trace_id: int, name: str,
+                          kind: SpanKind | None = None, attributes: Attributes = None,
+                          links: Sequence[Link] | None = None, trace_state: Any = None) -> SamplingResult:
+            self.asked.append(name)
+            return super().should_sample(parent_context, trace_id, name, kind, attributes, links)
+
+    asking = Asking()
+    out = InMemorySpanExporter()
+    _run(runtimes, TracerProvider(sampler=asking), SimpleSpanProcessor(out))
+    assert asking.asked.count(semconv.SPAN_CHECKPOINT) == len(_checkpoints(out)) == 3
+
+    out = InMemorySpanExporter()
+    default = ParentBased(ALWAYS_ON)
+    asked: list[str] = []
+    real = default.should_sample
+    default.should_sample = lambda *a, **k: asked.append(a[2]) or real(*a, **k)  # type: ignore[method-assign]
+    rt = _run(runtimes, TracerProvider(sampler=default), SimpleSpanProcessor(out))
+    assert rt.ended_spans.usable()
+    assert semconv.SPAN_CHECKPOINT not in asked and asked.count(semconv.SPAN_STREAM) == 1
+    cps = _checkpoints(out)
+    stream = _stream_span(out)
+    assert len(cps) == 3 and all(c.context.trace_state == stream.context.trace_state for c in cps)
+
+    # the default class, told to drop a sampled parent's children: asked, and it drops them
+    out = InMemorySpanExporter()
+    _run(runtimes, TracerProvider(sampler=ParentBased(ALWAYS_ON, local_parent_sampled=ALWAYS_OFF)),
+         SimpleSpanProcessor(out))
+    names = [s.name for s in out.get_finished_spans()]
+    assert semconv.SPAN_STREAM in names and semconv.SPAN_CHECKPOINT not in names

@@ -94,6 +94,12 @@ def test_what_ended_spans_read_off_the_tracer_is_still_there() -> None:
     multi.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
     assert _sdk.acts_only_on_end(multi)
     assert _sdk.acts_only_on_end(BatchSpanProcessor(InMemorySpanExporter()))
+    # the SDK's default sampler, whose answer for a checkpoint (a sampled local parent's child) is known
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, StaticSampler
+
+    assert ParentBased(ALWAYS_OFF)._local_parent_sampled is ALWAYS_ON  # type: ignore[attr-defined]
+    assert type(ALWAYS_ON) is StaticSampler and ALWAYS_ON._decision is _sdk.Decision.RECORD_AND_SAMPLE  # type: ignore[attr-defined]
+    assert _sdk._samples_local_children(TracerProvider().sampler)
 
     class Hooked(SpanProcessor):
         def _on_ending(self, span: object) -> None:

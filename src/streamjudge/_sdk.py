@@ -28,9 +28,9 @@ from opentelemetry.sdk.trace import (
 from opentelemetry.sdk.trace import Tracer as SDKTracer
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler
 from opentelemetry.sdk.util import BoundedList
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 from opentelemetry.util.types import Attributes, AttributeValue
 
 __all__ = [
@@ -153,6 +153,16 @@ _PLAIN = frozenset({str, int, float, bool})
 _NONE_YET: BoundedList[Any] = BoundedList(0)  # type: ignore[no-untyped-call]
 
 
+def _samples_local_children(sampler: Any) -> bool:
+    """Whether ``sampler`` records and samples every child of a sampled local parent, whatever its name and
+    attributes, and gives it its parent's trace state and the attributes it was given: the SDK's own
+    ``ParentBased`` whose delegate for that case is its ``ALWAYS_ON`` (the SDK's default sampler), or
+    ``ALWAYS_ON`` itself. Exact classes only: a subclass may decide otherwise."""
+    if sampler.__class__ is ParentBased:
+        sampler = sampler._local_parent_sampled
+    return sampler.__class__ is StaticSampler and sampler._decision is Decision.RECORD_AND_SAMPLE
+
+
 class EndedSpans:
     """Spans made already ended, for stretches of a trace whose attributes are all known by their end (a
     checkpoint's window): the ``ReadableSpan`` the SDK's span would hand its processors when it ends, made
@@ -203,19 +213,27 @@ class EndedSpans:
         pctx = parent.get_span_context()
         if not pctx.is_valid:
             return None
-        result = tracer.sampler.should_sample(
-            trace.set_span_in_context(parent), pctx.trace_id, name, SpanKind.INTERNAL, attributes, ()
-        )
-        if result.decision is not Decision.RECORD_AND_SAMPLE:
-            return None
+        sampler = tracer.sampler
+        if not pctx.is_remote and pctx.trace_flags.sampled and _samples_local_children(sampler):
+            # the sampler's answer is known without asking it (see _samples_local_children): asking costs a
+            # context, a span lookup in it and a result with its mapping per checkpoint
+            trace_state: TraceState | None = pctx.trace_state
+            final = dict(attributes)
+        else:
+            result = sampler.should_sample(
+                trace.set_span_in_context(parent), pctx.trace_id, name, SpanKind.INTERNAL, attributes, ()
+            )
+            if result.decision is not Decision.RECORD_AND_SAMPLE:
+                return None
+            trace_state = result.trace_state
+            final = dict(result.attributes)
         ctx = SpanContext(
             pctx.trace_id, tracer.id_generator.generate_span_id(), is_remote=False,
             trace_flags=_SAMPLED_RANDOM if pctx.trace_flags.random_trace_id else _SAMPLED,
-            trace_state=result.trace_state,
+            trace_state=trace_state,
         )
         # the SDK's own span metrics (started, live) see the span start and end, as a live one's would
-        tracer._tracer_metrics.start_span(pctx, result.decision)()
-        final = dict(result.attributes)
+        tracer._tracer_metrics.start_span(pctx, Decision.RECORD_AND_SAMPLE)()
         if more:
             final.update(more)
         return ReadableSpan(
@@ -280,8 +298,9 @@ class LiveSpan(Span):
     processors' ending and end hooks, the span metrics). Only:
 
     - it starts without calling the processors' ``on_start`` (none acts on it: ``EndedSpans.usable``);
-    - ``set_attributes`` stores plain values (str, int, float, bool: what the SDK's cleaning returns
-      unchanged, with no length limit) without that cleaning; anything else is cleaned as the SDK does;
+    - ``set_attributes`` and ``add_event`` store plain values (str, int, float, bool: what the SDK's
+      cleaning returns unchanged, with no length limit) without that cleaning; anything else is cleaned as
+      the SDK does;
     - an event without attributes shares one empty, immutable mapping instead of making its own;
     - its lists of events and links are made by the first of each.
     """
@@ -347,7 +366,17 @@ class LiveSpan(Span):
                 if self._events is _NONE_YET:
                     self._events = BoundedList(self._limits.max_events)
         if attributes:
-            super().add_event(name, attributes, timestamp)
+            limits = self._limits
+            maxlen = limits.max_event_attributes
+            if (limits.max_attribute_length is None and (maxlen is None or len(attributes) <= maxlen)
+                    and _plain(attributes)):
+                # what the SDK's cleaning would store, stored without it (as set_attributes does): an
+                # alert's six values cleaned one Python call each were most of its cost on the app's loop
+                stored = BoundedAttributes(maxlen, None, immutable=True)
+                stored._dict.update(attributes)
+                self._add_event(Event(name=name, attributes=stored, timestamp=timestamp))
+            else:
+                super().add_event(name, attributes, timestamp)
         else:
             self._add_event(Event(name=name, attributes=_NO_EVENT_ATTRIBUTES, timestamp=timestamp))
 
