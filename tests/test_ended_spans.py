@@ -403,7 +403,7 @@ def test_a_checkpoint_span_is_sampled_as_the_sdks_sampler_samples(runtimes: list
     default.should_sample = lambda *a, **k: asked.append(a[2]) or real(*a, **k)  # type: ignore[method-assign]
     rt = _run(runtimes, TracerProvider(sampler=default), SimpleSpanProcessor(out))
     assert rt.ended_spans.usable()
-    assert semconv.SPAN_CHECKPOINT not in asked and asked.count(semconv.SPAN_STREAM) == 1
+    assert not asked  # neither the checkpoints nor the stream span (a root: ALWAYS_ON decides it)
     cps = _checkpoints(out)
     stream = _stream_span(out)
     assert len(cps) == 3 and all(c.context.trace_state == stream.context.trace_state for c in cps)
@@ -414,3 +414,30 @@ def test_a_checkpoint_span_is_sampled_as_the_sdks_sampler_samples(runtimes: list
          SimpleSpanProcessor(out))
     names = [s.name for s in out.get_finished_spans()]
     assert semconv.SPAN_STREAM in names and semconv.SPAN_CHECKPOINT not in names
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_stream_span_under_a_parent_is_sampled_as_the_sdks_sampler_samples(
+    runtimes: list[Runtime], remote: bool
+) -> None:
+    """The default sampler's delegate for the stream span's parent decides, asked or not: a sampled parent's
+    child is recorded in its trace with its trace state; an unsampled parent's is dropped."""
+    from opentelemetry import trace as trace_api
+    from opentelemetry.trace import TraceFlags, TraceState
+
+    for sampled in (True, False):
+        out = InMemorySpanExporter()
+        rt = _configure(runtimes, TracerProvider(), SimpleSpanProcessor(out))
+        parent = SpanContext(0x1234, 0x5678, is_remote=remote, trace_flags=TraceFlags(int(sampled)),
+                             trace_state=TraceState([("vendor", "v1")]))
+        ctx = trace_api.set_span_in_context(NonRecordingSpan(parent))
+        tokens = [w + " " for w in ANSWER.split(" ")]
+        list(streamjudge.guard(tokens, question="q", contexts=CONTEXTS, runtime=rt, context=ctx))
+        assert rt.force_flush(30_000)
+        spans = [s for s in out.get_finished_spans() if s.name == semconv.SPAN_STREAM]
+        if not sampled:
+            assert not spans
+            continue
+        (span,) = spans
+        assert span.parent == parent and span.context.trace_id == 0x1234
+        assert span.context.trace_state == parent.trace_state and span.context.trace_flags.sampled

@@ -97,9 +97,12 @@ def test_what_ended_spans_read_off_the_tracer_is_still_there() -> None:
     # the SDK's default sampler, whose answer for a checkpoint (a sampled local parent's child) is known
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, StaticSampler
 
-    assert ParentBased(ALWAYS_OFF)._local_parent_sampled is ALWAYS_ON  # type: ignore[attr-defined]
+    pb = ParentBased(ALWAYS_OFF)
+    assert pb._root is ALWAYS_OFF and pb._local_parent_sampled is ALWAYS_ON  # type: ignore[attr-defined]
+    assert pb._remote_parent_sampled is ALWAYS_ON  # type: ignore[attr-defined]
+    assert pb._local_parent_not_sampled is ALWAYS_OFF and pb._remote_parent_not_sampled is ALWAYS_OFF  # type: ignore[attr-defined]
     assert type(ALWAYS_ON) is StaticSampler and ALWAYS_ON._decision is _sdk.Decision.RECORD_AND_SAMPLE  # type: ignore[attr-defined]
-    assert _sdk._samples_local_children(TracerProvider().sampler)
+    assert _sdk._records_and_samples(TracerProvider().sampler, None)
 
     class Hooked(SpanProcessor):
         def _on_ending(self, span: object) -> None:

@@ -153,13 +153,22 @@ _PLAIN = frozenset({str, int, float, bool})
 _NONE_YET: BoundedList[Any] = BoundedList(0)  # type: ignore[no-untyped-call]
 
 
-def _samples_local_children(sampler: Any) -> bool:
-    """Whether ``sampler`` records and samples every child of a sampled local parent, whatever its name and
-    attributes, and gives it its parent's trace state and the attributes it was given: the SDK's own
-    ``ParentBased`` whose delegate for that case is its ``ALWAYS_ON`` (the SDK's default sampler), or
-    ``ALWAYS_ON`` itself. Exact classes only: a subclass may decide otherwise."""
+def _records_and_samples(sampler: Any, parent: SpanContext | None) -> bool:
+    """Whether ``sampler`` records and samples a span under ``parent`` (None or invalid: a root) whatever its
+    name and attributes, and gives it the attributes it was given and its parent's trace state (None for a
+    root): the SDK's own ``ParentBased`` whose delegate for that parent is its ``ALWAYS_ON`` (the SDK's
+    default sampler, for every parent a stream or checkpoint span has), or ``ALWAYS_ON`` itself. Exact
+    classes only: a subclass may decide otherwise. Asking costs a context, a span lookup in it and a
+    result with its own mapping, per span."""
     if sampler.__class__ is ParentBased:
-        sampler = sampler._local_parent_sampled
+        if parent is None or not parent.is_valid:
+            sampler = sampler._root
+        elif parent.is_remote:
+            sampler = (sampler._remote_parent_sampled if parent.trace_flags.sampled
+                       else sampler._remote_parent_not_sampled)
+        else:
+            sampler = (sampler._local_parent_sampled if parent.trace_flags.sampled
+                       else sampler._local_parent_not_sampled)
     return sampler.__class__ is StaticSampler and sampler._decision is Decision.RECORD_AND_SAMPLE
 
 
@@ -214,9 +223,7 @@ class EndedSpans:
         if not pctx.is_valid:
             return None
         sampler = tracer.sampler
-        if not pctx.is_remote and pctx.trace_flags.sampled and _samples_local_children(sampler):
-            # the sampler's answer is known without asking it (see _samples_local_children): asking costs a
-            # context, a span lookup in it and a result with its mapping per checkpoint
+        if _records_and_samples(sampler, pctx):  # its answer is known without asking it
             trace_state: TraceState | None = pctx.trace_state
             final = dict(attributes)
         else:
@@ -250,8 +257,9 @@ class EndedSpans:
     ) -> trace.Span | None:
         """The stream span ``name``, started at ``start_ns`` under ``context``'s span: a :class:`LiveSpan`,
         the SDK's span without the start work nobody sees here, or None where it must come from the tracer
-        (see the class). Sampled exactly as the tracer samples (asked once, with the same arguments): a
-        span its sampler drops is the tracer's non-recording span."""
+        (see the class). Sampled exactly as the tracer samples (asked once, with the same arguments, unless
+        its answer is known: see _records_and_samples): a span its sampler drops is the tracer's
+        non-recording span."""
         if not self.usable():
             return None
         tracer: SDKTracer = self._tracer  # type: ignore[assignment]
@@ -264,18 +272,24 @@ class EndedSpans:
             trace_id = tracer.id_generator.generate_trace_id()
             random_id = tracer.id_generator.is_trace_id_random()
             parent_ctx = None
-        result = tracer.sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, ())
-        decision = result.decision
+        sampler = tracer.sampler
+        if _records_and_samples(sampler, parent_ctx):  # its answer is known without asking it
+            decision = Decision.RECORD_AND_SAMPLE
+            trace_state = parent_ctx.trace_state if parent_ctx is not None else None
+            given: Attributes = attributes
+        else:
+            result = sampler.should_sample(context, trace_id, name, SpanKind.INTERNAL, attributes, ())
+            decision, trace_state, given = result.decision, result.trace_state, result.attributes
         sampled = decision is Decision.RECORD_AND_SAMPLE
         flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
         if random_id:
             flags |= TraceFlags.RANDOM_TRACE_ID
         ctx = SpanContext(trace_id, tracer.id_generator.generate_span_id(), is_remote=False,
-                          trace_flags=TraceFlags(flags), trace_state=result.trace_state)
+                          trace_flags=TraceFlags(flags), trace_state=trace_state)
         end_metrics = tracer._tracer_metrics.start_span(parent_ctx, decision)
         if not sampled and decision is not Decision.RECORD_ONLY:
             return trace.NonRecordingSpan(ctx)
-        return LiveSpan(tracer, name, ctx, parent_ctx, result.attributes, start_ns, end_metrics)
+        return LiveSpan(tracer, name, ctx, parent_ctx, given, start_ns, end_metrics)
 
 
 def _plain(attributes: Any) -> bool:
