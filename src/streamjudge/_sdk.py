@@ -157,8 +157,8 @@ def _records_and_samples(sampler: Any, parent: SpanContext | None) -> bool:
     """Whether ``sampler`` records and samples a span under ``parent`` (None or invalid: a root) whatever its
     name and attributes, and gives it the attributes it was given and its parent's trace state (None for a
     root): the SDK's own ``ParentBased`` whose delegate for that parent is its ``ALWAYS_ON`` (the SDK's
-    default sampler, for every parent a stream or checkpoint span has), or ``ALWAYS_ON`` itself. Exact
-    classes only: a subclass may decide otherwise. Asking costs a context, a span lookup in it and a
+    default sampler, for a root or a sampled parent), or ``ALWAYS_ON`` itself. Exact classes only: a
+    subclass may decide otherwise. Asking costs a context, a span lookup in it and a
     result with its own mapping, per span."""
     if sampler.__class__ is ParentBased:
         if parent is None or not parent.is_valid:
