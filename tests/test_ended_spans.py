@@ -396,17 +396,32 @@ def test_a_checkpoint_span_is_sampled_as_the_sdks_sampler_samples(runtimes: list
     _run(runtimes, TracerProvider(sampler=asking), SimpleSpanProcessor(out))
     assert asking.asked.count(semconv.SPAN_CHECKPOINT) == len(_checkpoints(out)) == 3
 
-    out = InMemorySpanExporter()
-    default = ParentBased(ALWAYS_ON)
     asked: list[str] = []
-    real = default.should_sample
-    default.should_sample = lambda *a, **k: asked.append(a[2]) or real(*a, **k)  # type: ignore[method-assign]
-    rt = _run(runtimes, TracerProvider(sampler=default), SimpleSpanProcessor(out))
-    assert rt.ended_spans.usable()
-    assert not asked  # neither the checkpoints nor the stream span (a root: ALWAYS_ON decides it)
-    cps = _checkpoints(out)
-    stream = _stream_span(out)
-    assert len(cps) == 3 and all(c.context.trace_state == stream.context.trace_state for c in cps)
+    real = ParentBased.should_sample
+
+    def counting(self: ParentBased, *a: Any, **k: Any) -> SamplingResult:
+        asked.append(a[2])
+        return real(self, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ParentBased, "should_sample", counting)
+        out = InMemorySpanExporter()
+        rt = _run(runtimes, TracerProvider(sampler=ParentBased(ALWAYS_ON)), SimpleSpanProcessor(out))
+        assert rt.ended_spans.usable()
+        assert not asked  # neither the checkpoints nor the stream span (a root: ALWAYS_ON decides it)
+        cps = _checkpoints(out)
+        stream = _stream_span(out)
+        assert len(cps) == 3 and all(c.context.trace_state == stream.context.trace_state for c in cps)
+
+    # a should_sample set on the instance (a wrapper, a counter) is asked, as the tracer asks it
+    wrapped = ParentBased(ALWAYS_ON)
+    seen: list[str] = []
+    inner = wrapped.should_sample
+    wrapped.should_sample = lambda *a, **k: seen.append(a[2]) or inner(*a, **k)  # type: ignore[method-assign]
+    out = InMemorySpanExporter()
+    _run(runtimes, TracerProvider(sampler=wrapped), SimpleSpanProcessor(out))
+    assert seen.count(semconv.SPAN_CHECKPOINT) == len(_checkpoints(out)) == 3
+    assert seen.count(semconv.SPAN_STREAM) == 1
 
     # the default class, told to drop a sampled parent's children: asked, and it drops them
     out = InMemorySpanExporter()

@@ -94,7 +94,7 @@ def test_what_ended_spans_read_off_the_tracer_is_still_there() -> None:
     multi.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
     assert _sdk.acts_only_on_end(multi)
     assert _sdk.acts_only_on_end(BatchSpanProcessor(InMemorySpanExporter()))
-    # the SDK's default sampler, whose answer for a checkpoint (a sampled local parent's child) is known
+    # the SDK's default sampler, whose answer for a root or a sampled parent's child is known
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, StaticSampler
 
     pb = ParentBased(ALWAYS_OFF)

@@ -157,10 +157,10 @@ def _records_and_samples(sampler: Any, parent: SpanContext | None) -> bool:
     """Whether ``sampler`` records and samples a span under ``parent`` (None or invalid: a root) whatever its
     name and attributes, and gives it the attributes it was given and its parent's trace state (None for a
     root): the SDK's own ``ParentBased`` whose delegate for that parent is its ``ALWAYS_ON`` (the SDK's
-    default sampler, for a root or a sampled parent), or ``ALWAYS_ON`` itself. Exact classes only: a
-    subclass may decide otherwise. Asking costs a context, a span lookup in it and a
-    result with its own mapping, per span."""
-    if sampler.__class__ is ParentBased:
+    default sampler, for a root or a sampled parent), or ``ALWAYS_ON`` itself. Exact classes only, and no
+    ``should_sample`` set on the instance: a subclass or a wrapper may decide otherwise. Asking costs a
+    context, a span lookup in it and a result with its own mapping, per span."""
+    if sampler.__class__ is ParentBased and "should_sample" not in sampler.__dict__:
         if parent is None or not parent.is_valid:
             sampler = sampler._root
         elif parent.is_remote:
@@ -169,7 +169,8 @@ def _records_and_samples(sampler: Any, parent: SpanContext | None) -> bool:
         else:
             sampler = (sampler._local_parent_sampled if parent.trace_flags.sampled
                        else sampler._local_parent_not_sampled)
-    return sampler.__class__ is StaticSampler and sampler._decision is Decision.RECORD_AND_SAMPLE
+    return (sampler.__class__ is StaticSampler and sampler._decision is Decision.RECORD_AND_SAMPLE
+            and "should_sample" not in sampler.__dict__)
 
 
 class EndedSpans:
