@@ -51,8 +51,9 @@ CPU per token of the app's process (its loop, the guard's spans and requests, th
 of the judge's worker processes (where the judging cost lands, and what it competes with), the
 cyclic GC's pauses during the run (all generations, and in brackets the whole-heap ones: a pause stops
 every stream, so it shows in the ratio as it is) with the objects per stream the finished streams left to
-it (in reference cycles: ~0 when a finished stream is freed by refcounting), and the spread (min-max) over
-repeats.
+it (in reference cycles: ~0 when a finished stream is freed by refcounting), the collections of each
+generation during the run (each run starts from the same collector state: see the child's comment), and
+the spread (min-max) over repeats.
 """
 
 from __future__ import annotations
@@ -151,13 +152,14 @@ async def main():
 # collects), and wall time would count that thread's run as a pause (measured: ~1.1 ms per young
 # collection on the pool's thread against ~0.05 ms on the loop's)
 import gc
-gc_ms, gc_t0 = [0.0, 0.0, 0.0], [0.0]
+gc_ms, gc_n, gc_t0 = [0.0, 0.0, 0.0], [0, 0, 0], [0.0]
 
 def gc_timer(phase, info):
     if phase == "start":
         gc_t0[0] = time.thread_time()
     else:
         gc_ms[info["generation"]] += (time.thread_time() - gc_t0[0]) * 1000
+        gc_n[info["generation"]] += 1
 
 import os
 
@@ -176,6 +178,13 @@ def workers_cpu_s():
                 total += (int(fields[11]) + int(fields[12])) / tick
     return total
 
+# every variant's run starts from the same collector state: its young generations empty and the count
+# of middle-generation collections since the last whole-heap one at 0. Left as imports and configure()
+# left them, that count stood at 7 of the 10 that bring a whole-heap collection, so a variant whose run made
+# 4 middle-generation collections paid a whole-heap one (~25 ms, every stream stopped) and one that made 3
+# did not: a step that decided its ITL p99, where a long-running process pays one every 10 of them. The
+# collections each variant's run makes are printed instead (that rate is what its whole-heap ones follow)
+gc.collect()
 gc.callbacks.append(gc_timer)
 # the split of a judged run's cost: this process's CPU (the loop, the guard's spans and requests, and the
 # pool's thread) against its workers' (the judging itself, when auto's worker took it); a worker that
@@ -194,6 +203,7 @@ out = {"tokens_per_s": tokens / elapsed, "itl_p99_ms": pct(gaps, 99) * 1000, "el
        "tokens_per_s_to_last_token": tokens / (max(last_tokens) - t_start[0]),
        "done_wait_p50_ms": pct(done_waits, 50) * 1000, "done_wait_max_ms": max(done_waits) * 1000,
        "gc_pause_ms": sum(gc_ms), "gc_full_pause_ms": gc_ms[2], "gc_left_per_stream": left_to_gc / n,
+       "gc_young": gc_n[0], "gc_middle": gc_n[1], "gc_full": gc_n[2],
        "app_cpu_us_per_token": app_cpu / tokens * 1e6, "workers_cpu_us_per_token": workers_cpu / tokens * 1e6}
 if variant != "bare":
     rt.force_flush(30_000)
@@ -440,6 +450,12 @@ def _gc(rs: list[dict[str, Any]]) -> str:
             f"left to it per stream {_spread([r['gc_left_per_stream'] for r in rs], 1)}")
 
 
+def _gc_collections(rs: list[dict[str, Any]]) -> str:
+    # young / middle / whole heap: in a long-running process a whole-heap collection follows every 10
+    # middle-generation ones (once enough objects survived), so the middle count sets how often it comes
+    return " / ".join(_spread([float(r[k]) for r in rs], 0) for k in ("gc_young", "gc_middle", "gc_full"))
+
+
 def summarize_capacity(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
     base = runs["in_process"]
     out: dict[str, str] = {}
@@ -464,6 +480,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
         "bare tokens/s": _spread([r["tokens_per_s"] for r in bare], 0),
         "bare ITL p99 ms": _spread([r["itl_p99_ms"] for r in bare], 2),
         "bare GC pauses ms (whole heap); objects left": _gc(bare),
+        "bare GC collections, young / middle / whole heap": _gc_collections(bare),
         "bare CPU us/token": _spread([r["app_cpu_us_per_token"] for r in bare], 1),
     }
     for variant in runs:
@@ -486,6 +503,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
             f"{_spread([r['workers_cpu_us_per_token'] for r in rs], 1)}")
         # what the GC's pauses took from the run against bare's: a stall delays every stream's next token
         out[f"{variant}: GC pauses ms (whole heap); objects left"] = _gc(rs)
+        out[f"{variant}: GC collections, young / middle / whole heap"] = _gc_collections(rs)
         for key in ("judged", "superseded", "not_judged", "checkpoints_per_s", "offloaded"):
             if key in rs[0]:
                 out[f"{variant}: {key}"] = _spread([float(r[key]) for r in rs], 1)
