@@ -243,3 +243,56 @@ def test_a_warning_reaches_the_reader_while_the_source_only_yields_to_the_loop(h
 
     warned, done = asyncio.run(main())
     assert 0 < warned < done - 0.3, (warned, done)
+
+
+def test_a_verdict_during_bare_yields_while_another_checkpoint_is_out_does_not_stall_the_stream(
+    harness: Harness,
+) -> None:
+    # the model client's CPU work between tokens, yielding bare to the loop (asyncio.sleep(0)) and slow
+    # enough that every token is raced; the first checkpoint's verdict lands during that work while the
+    # second is still out. The verdict's flag, read and left set, ended every later pass of the raced
+    # wait before the source's step went on: the stream spun at full CPU, its source never resumed, until
+    # the second verdict came (here: never, so the stream stalled)
+    import threading
+    import time
+
+    from streamjudge.judging.base import EvalInput, JudgeResult
+
+    first, rest = threading.Event(), threading.Event()
+    calls = 0
+
+    class TwoGates(KeywordJudge):
+        async def evaluate(self, item: EvalInput, metrics: list[str]) -> JudgeResult:  # type: ignore[override]
+            nonlocal calls
+            calls += 1
+            gate = first if calls == 1 else rest
+            while not gate.is_set():
+                await asyncio.sleep(0.002)
+            return self._score(item, metrics)
+
+    harness.configure(TwoGates(), window_sentences=1, preflight=False, final_reconcile=False, end_wait_s=0.1)
+    words = ["The", "sky", "is", "blue.", "Grass", "is", "green.", "Water"]
+
+    async def source() -> AsyncIterator[str]:
+        for w in words:
+            await asyncio.sleep(0.01)  # slow: racing is on
+            yield w + " "
+        first.set()  # both checkpoints are out: the first one's verdict may come now
+        for _ in range(100):
+            time.sleep(0.002)  # the client's work (the GIL is free meanwhile: the verdict lands)
+            await asyncio.sleep(0)
+            yield "more "
+
+    async def main() -> int:
+        tokens = 0
+        async for ev in guard(source(), question="sky", contexts=CONTEXTS):
+            if ev.type == "token":
+                tokens += 1
+        return tokens
+
+    try:
+        tokens = asyncio.run(asyncio.wait_for(main(), 10))
+    finally:
+        rest.set()
+    assert tokens == len(words) + 100
+    assert calls == 3  # the two sentences, then the tail at the end

@@ -125,10 +125,12 @@ class AsyncWaker:
         self._waking = False
         self._release()
 
-    @property
-    def flagged(self) -> bool:
-        """A verdict arrived since the last :meth:`wait` ended."""
-        return self._flag
+    def take_flag(self) -> bool:
+        """Whether a verdict arrived since the last :meth:`wait` ended or this was last asked; asking
+        clears it, as the end of a wait does (a flag read and left set ended every later wait at once)."""
+        flag = self._flag
+        self._flag = False
+        return flag
 
     async def wait(self, other: asyncio.Future[Any] | None, timeout: float | None) -> None:
         fut = self._fut = self._loop.create_future()
@@ -322,8 +324,6 @@ async def wait_step(step: SourceStep, waker: AsyncWaker, timeout: float | None) 
         try:
             if b is _BARE:
                 await asyncio.sleep(0)
-                if waker.flagged:
-                    return
             else:
                 await waker.wait(b, timeout)
                 if not b.done():
@@ -337,6 +337,12 @@ async def wait_step(step: SourceStep, waker: AsyncWaker, timeout: float | None) 
             step.advance(exc)
             continue
         step.advance()
+        # a verdict that came during the loop's pass: the driver drains it, the step goes on from here. The
+        # flag is taken, not just read: left set (a wait() clears it, and a bare yield has none), it ended
+        # every later pass here before the step went on, and a stream whose source yields bare while a
+        # checkpoint was out spun in this loop until that checkpoint's verdict came
+        if b is _BARE and waker.take_flag():
+            return
 
 
 class GuardedStream:
