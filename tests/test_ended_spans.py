@@ -239,6 +239,11 @@ def test_stream_spans_export_as_the_sdks_do(runtimes: list[Runtime]) -> None:
     # the checkpoints are its children, in its trace
     cps = _checkpoints(fast_out)
     assert cps and all(c.parent == f.context for c in cps)
+    # the flags are a value (an int): streams share one instance per value instead of a tracked object each
+    again = _stream(fast_rt)
+    assert again is not live and again.context.trace_flags is live.context.trace_flags
+    assert f.context.trace_flags is live.context.trace_flags
+    assert type(f.context.trace_flags) is type(s.context.trace_flags)
 
 
 class _Counting(Sampler):

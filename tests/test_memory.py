@@ -205,7 +205,7 @@ def test_a_session_keeps_its_state_in_slots(harness: Harness) -> None:
     assert sys.getsizeof(session) < 600
 
 
-@pytest.mark.parametrize(("sample_rate", "most"), [(0.0, 28), (1.0, 50)])
+@pytest.mark.parametrize(("sample_rate", "most"), [(0.0, 20), (1.0, 41)])
 def test_a_live_stream_keeps_few_objects_for_the_cyclic_gc(
     harness: Harness, sample_rate: float, most: int
 ) -> None:
@@ -216,7 +216,8 @@ def test_a_live_stream_keeps_few_objects_for_the_cyclic_gc(
     # depends on what a stream keeps and not on how far a loaded machine got (timed at 60 ms instead, the
     # judged count ran from 18 to 44 by load): before the stream span started without the SDK's start work
     # and the driver kept only what its tokens need, 42 sampled out and 60 judged; since, 20 and 43 (a
-    # judged stream holds its last verdict until its next token)
+    # judged stream holds its last verdict until its next token); since the span's flags, the stream's
+    # counters, a result's empty usage and an unused list are shared or gone, 17 and 38
     runtime = harness.configure(KeywordJudge(), preflight=False, sample_rate=sample_rate, end_wait_s=0.5)
     n = 40
     words = (_GOOD * 3).split(" ")
@@ -275,3 +276,93 @@ def test_a_live_stream_keeps_few_objects_for_the_cyclic_gc(
     per_stream = asyncio.run(run())
     harness.spans()
     assert 0 < per_stream <= most, per_stream
+
+
+class _HeldJudge:
+    """A coroutine judge (as a model client is) whose calls stay out until :meth:`release`."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        self.out: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self.out.append((loop, fut))
+        await fut
+        return JudgeResult(self.name, tuple(Score(m, 1.0) for m in metrics))
+
+    def release(self) -> None:
+        out, self.out = self.out, []
+        for loop, fut in out:
+            loop.call_soon_threadsafe(fut.set_result, None)
+
+    async def aclose(self) -> None:
+        self.release()
+
+
+def test_a_call_out_to_a_coroutine_judge_keeps_few_objects_for_the_cyclic_gc(harness: Harness) -> None:
+    # a model judge's call is out for its whole latency (hundreds of ms), longer than young collections
+    # are apart: what each call keeps is copied by them and promoted. Counted with one checkpoint out per
+    # stream against the same streams unguarded, held at the same point: 65 per stream before a call's
+    # task ran in a copy of a context made once (no token and mapping of its own), its done callback was
+    # a bound method (no closure, no copy of the context) and its job's hooks were one object (no closures
+    # over the request), with the stream-level savings above; 54 since
+    judge = _HeldJudge()
+    harness.configure(judge, preflight=False, final_reconcile=False, concurrency=1000, end_wait_s=0.5)
+    n = 40
+    words = (_GOOD * 3).split(" ")
+    head = len(_GOOD.split(" "))
+
+    async def run() -> float:
+        hold = asyncio.Event()
+        waiting = 0
+
+        async def paced() -> AsyncIterator[str]:
+            nonlocal waiting
+            for i, word in enumerate(words):
+                if i == head:
+                    waiting += 1
+                    await hold.wait()
+                await asyncio.sleep(0)
+                yield word + " "
+
+        async def bare() -> None:
+            async for _ in paced():
+                pass
+
+        async def guarded() -> None:
+            async for _ in guard(paced(), question="tower", contexts=["The tower is 330 metres tall."]):
+                pass
+
+        async def live(one: Callable[[], Awaitable[None]], calls: int) -> int:
+            nonlocal hold, waiting
+            hold, waiting = asyncio.Event(), 0
+            gc.collect()
+            before = len(gc.get_objects())
+            tasks = [asyncio.ensure_future(one()) for _ in range(n)]
+            for _ in range(1000):  # every stream at its hold, its checkpoint's call out
+                if waiting == n and len(judge.out) == calls:
+                    break
+                await asyncio.sleep(0.005)
+            assert waiting == n and len(judge.out) == calls, (waiting, len(judge.out))
+            gc.collect()
+            kept = len(gc.get_objects()) - before
+            judge.release()
+            hold.set()
+            await asyncio.gather(*tasks)
+            for _ in range(200):  # the tail checkpoints' calls
+                judge.release()
+                if not harness.runtime.pool.depth:  # type: ignore[union-attr]
+                    break
+                await asyncio.sleep(0.005)
+            return kept
+
+        await live(guarded, n)  # first use: caches, the loop's wake-up bell, the pool's thread
+        return (await live(guarded, n) - await live(bare, 0)) / n
+
+    per_stream = asyncio.run(run())
+    judge.release()
+    harness.spans()
+    assert 0 < per_stream <= 58, per_stream

@@ -278,6 +278,33 @@ def test_judge_io_is_not_traced() -> None:
     pool.shutdown()
 
 
+def test_each_call_runs_in_a_quiet_context_of_its_own() -> None:
+    # a call's task runs in a copy of one context made once with instrumentation suppressed: each call
+    # still starts from that context, whatever an earlier call set in its own
+    import contextvars
+
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+
+    var: contextvars.ContextVar[str | None] = contextvars.ContextVar("set_by_a_judge", default=None)
+    seen: list[tuple[bool, str | None, bool]] = []
+
+    class Peek(KeywordJudge):
+        async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+            seen.append((is_instrumentation_enabled(), var.get(), trace.get_current_span().is_recording()))
+            var.set("set by a call")
+            return self._score(item, metrics)
+
+    pool = JudgePool(concurrency=1)
+    cb = Collector()
+    for _ in range(3):
+        pool.submit(job(Peek(), cb))
+    assert pool.force_flush(5_000)
+    assert seen == [(False, None, False)] * 3
+    assert cb.statuses() == ["judged"] * 3
+    pool.shutdown()
+
+
 def test_fork_safe() -> None:
     pool = JudgePool()
     cb = Collector()

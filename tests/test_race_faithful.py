@@ -96,7 +96,14 @@ def test_a_stop_while_a_token_is_raced_cancels_the_source_at_its_await(harness: 
 
     async def source() -> AsyncIterator[str]:
         try:
-            for w in ("The sky is blue. Then HALLUCINATED facts appear. " + "More words. " * 100).split(" "):
+            for w in ["The", "sky", "is", "blue.", "Then", "HALLUCINATED", "facts", "appear.", "More"]:
+                await asyncio.sleep(0.01)
+                yield w + " "
+            # the failing sentence's checkpoint is out: its stop lands while the source waits here (with
+            # the next token 10 ms away instead, a loaded machine could deliver it between two tokens,
+            # where there is no await to cancel: 1 run in 12 beside two busy processes)
+            await asyncio.sleep(5)
+            for w in ("words. " * 100).split(" "):
                 await asyncio.sleep(0.01)
                 yield w + " "
         except asyncio.CancelledError:

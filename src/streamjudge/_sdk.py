@@ -143,6 +143,10 @@ def acts_only_on_end(processor: SpanProcessor | None) -> bool:
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+# a span's flags, by value: TraceFlags is an int, as immutable as one, and the GC tracks each instance (an
+# int subclass has a __dict__), so a stream span shares these instead of keeping one of its own
+_FLAGS = {int(f): f for f in (TraceFlags(TraceFlags.DEFAULT), _SAMPLED,
+                              TraceFlags(TraceFlags.RANDOM_TRACE_ID), _SAMPLED_RANDOM)}
 _UNSET = Status(StatusCode.UNSET)
 # what the SDK gives an event added without attributes: an empty mapping that can never change, so one
 # serves every such event
@@ -286,7 +290,7 @@ class EndedSpans:
         if random_id:
             flags |= TraceFlags.RANDOM_TRACE_ID
         ctx = SpanContext(trace_id, tracer.id_generator.generate_span_id(), is_remote=False,
-                          trace_flags=TraceFlags(flags), trace_state=trace_state)
+                          trace_flags=_FLAGS[flags], trace_state=trace_state)
         end_metrics = tracer._tracer_metrics.start_span(parent_ctx, decision)
         if not sampled and decision is not Decision.RECORD_ONLY:
             return trace.NonRecordingSpan(ctx)

@@ -11,7 +11,7 @@ import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from streamjudge import semconv
 
@@ -133,13 +133,18 @@ class Usage:
         )
 
 
+#: the usage of a judgement that counted none (the local judge's): shared, as a Usage cannot change, so a
+#: result does not keep one more object for the cyclic GC to track
+NO_USAGE: Final = Usage()
+
+
 @dataclass(frozen=True, slots=True)
 class JudgeResult:
     """Scores for one :class:`EvalInput`."""
 
     judge: str
     scores: tuple[Score, ...]
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage = NO_USAGE
 
     def get(self, metric: str) -> Score | None:
         """The score of ``metric``, if the judge produced one."""
@@ -246,7 +251,7 @@ class EvaluationRecord:
     judge: str
     scores: tuple[Score, ...]
     timestamp_ns: int
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage = NO_USAGE
     attributes: dict[str, str | int | float | bool] = field(default_factory=dict)
 
     @property
@@ -288,3 +293,17 @@ def _pickled_by_fields(cls: type) -> None:
 
 for _cls in (SentenceScore, Score, Usage, JudgeResult):
     _pickled_by_fields(_cls)
+
+
+def _no_usage() -> Usage:
+    return NO_USAGE
+
+
+def _reduce_usage(self: Usage) -> tuple[Any, ...]:
+    # a worker's result that counted nothing comes back as the shared instance, as one made here would be
+    if self == NO_USAGE:
+        return (_no_usage, ())
+    return (_restore, (Usage, (self.calls, self.input_tokens, self.output_tokens, self.cost_usd)))
+
+
+Usage.__reduce__ = _reduce_usage  # type: ignore[method-assign, assignment]

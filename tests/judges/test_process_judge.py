@@ -596,6 +596,22 @@ def test_results_cross_the_pipe_unchanged_and_stay_frozen() -> None:
     assert copy.deepcopy(result) == result and dataclasses.replace(result, judge="x").scores == result.scores
 
 
+def test_a_result_without_usage_shares_one_empty_usage_across_the_pipe() -> None:
+    # the local judge counts no usage: its results share one empty Usage (one object fewer per result for
+    # the cyclic GC), and one that crossed a worker's pipe comes back as that same instance
+    import pickle
+
+    from streamjudge.results import NO_USAGE, Usage
+
+    made = JudgeResult("local", ())
+    assert made.usage is NO_USAGE and Usage() == NO_USAGE
+    for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+        assert pickle.loads(pickle.dumps(made, protocol)).usage is NO_USAGE
+        assert pickle.loads(pickle.dumps(Usage(), protocol)) is NO_USAGE
+        counted = pickle.loads(pickle.dumps(Usage(2, 10, 3, 0.5), protocol))
+        assert counted == Usage(2, 10, 3, 0.5) and counted is not NO_USAGE
+
+
 def test_a_worker_starts_without_the_sdk_and_still_gives_a_judge_the_whole_package() -> None:
     """The worker's boot skips the package's __init__ (the instrumentation, the OpenTelemetry SDK: imports a
     worker does not use, and a slower start under load); a judge asking the package for one of its names

@@ -560,7 +560,7 @@ class GuardedStream:
                         if isinstance(tok, str) and tok:
                             yield new_event(StreamEvent, ("token", tok, None))
                         continue
-                    if s._holding and tok.__class__ is str and tok and tok.isascii() and s._stats.tokens:
+                    if s._holding and tok.__class__ is str and tok and tok.isascii() and s._n_tokens:
                         # a burst: the session holds its tokens for the scan its deferred work runs on the
                         # loop's next pass (see GuardSession.accept), so a token of it needs nothing else
                         # until then: the burst's plain tokens are appended here, as a stream nothing judges

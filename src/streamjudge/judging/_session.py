@@ -107,18 +107,18 @@ class GuardSession:
     service calls from the judge pool's thread.
     """
 
-    # slots: with 55 attributes, past the 30 CPython's shared instance-dict keys hold, each session had a dict
+    # slots: with 60 attributes, past the 30 CPython's shared instance-dict keys hold, each session had a dict
     # of its own (1,640 bytes per live stream against 472 now), and every read on the token path a dict
     # lookup instead of a slot load (judged: 63.1k -> 62.7k instructions per token)
     __slots__ = ("_attributes", "_backend", "_checkpoints", "_defer", "_ended", "_failed", "_final",
-                 "_final_set", "_final_value", "_finished", "_first_ns", "_good", "_held", "_holding",
-                 "_inbox", "_join", "_judging", "_late", "_name", "_next_index", "_notify", "_opened",
-                 "_order", "_out", "_parent", "_pending", "_preflight_due", "_probe", "_recording",
-                 "_regenerate", "_requests", "_scanning", "_session_id", "_skip_checks", "_skips", "_span",
-                 "_span_id", "_start_ns", "_stats", "_stream_hex", "_text", "_to_send", "_trace_id",
-                 "_unjudged_status", "_verdict", "_window_start_ns", "_windows", "contexts", "has_events",
-                 "hold_back", "preflight_pending", "question", "reference", "regen_request", "settings",
-                 "stopped")
+                 "_final_set", "_final_value", "_finished", "_first_alert_char", "_first_ns", "_good",
+                 "_held", "_holding", "_inbox", "_join", "_judged_any", "_judging", "_late", "_n_alerts",
+                 "_n_regenerations", "_n_tokens", "_name", "_next_index", "_notify", "_opened", "_order",
+                 "_out", "_parent", "_pending", "_preflight_due", "_probe", "_recording", "_regenerate",
+                 "_requests", "_scanning", "_session_id", "_skip_checks", "_skips", "_span", "_span_id",
+                 "_start_ns", "_stream_hex", "_text", "_to_send", "_trace_id", "_ttft_ms", "_unjudged_status",
+                 "_verdict", "_window_start_ns", "_windows", "contexts", "has_events", "hold_back",
+                 "preflight_pending", "question", "reference", "regen_request", "settings", "stopped")
 
     def __init__(
         self,
@@ -156,7 +156,14 @@ class GuardSession:
         self._windows: Windows = Transcript()
         self._text: TokenText | None = None  # made by the first token that is not plain ASCII text
         self._order = ReleaseOrder() if self.hold_back else None  # hold-back releases windows in order
-        self._stats = _Stats()
+        # the stream's counters (slots of their own: a counters object would be one more per live stream
+        # for the cyclic GC to track, and one more hop per token)
+        self._n_tokens = 0
+        self._n_alerts = 0
+        self._n_regenerations = 0
+        self._first_alert_char: int | None = None
+        self._ttft_ms: float | None = None
+        self._judged_any = False
         self._verdict = "unjudged"
         self._judging = True  # decided once at start: sampling, content size
         self._unjudged_status = ""
@@ -379,7 +386,7 @@ class GuardSession:
         had = self.contexts is not None
         self.contexts = tuple(contexts)
         self._late[semconv.STREAM_CONTEXT_COUNT] = len(self.contexts)
-        if not had and self.settings.preflight and self._judging and not self._stats.tokens:
+        if not had and self.settings.preflight and self._judging and not self._n_tokens:
             self._preflight()
 
     def _requests_of(self) -> StreamRequests:
@@ -430,7 +437,7 @@ class GuardSession:
         elif policy == "skip_checks":
             # checkpoints sent before this verdict came are judged, but say nothing to the reader
             self._skip_checks = "preflight_low_context"
-        elif policy == "stop" and self._stats.tokens == 0:
+        elif policy == "stop" and self._n_tokens == 0:
             self._stop(data)
 
     def accept(self, token: Any) -> str | None:
@@ -441,10 +448,10 @@ class GuardSession:
                 return None
         elif not token:
             return None
-        stats = self._stats
-        if not stats.tokens:
+        n = self._n_tokens
+        if not n:
             self._first_token()
-        stats.tokens += 1
+        self._n_tokens = n + 1
         if self._holding:
             # the loop has not run since a checkpoint (or the pre-flight request) was deferred to its next
             # pass: a burst, whose tokens come faster than the loop turns. Their sentences wait for that
@@ -463,14 +470,14 @@ class GuardSession:
         accepted: the list a driver may append each plain token's text to instead of calling
         :meth:`accept` (no verdict can come, so there is nothing else to do per token). The driver
         reports how many it appended with :meth:`passed`. None for any other stream."""
-        if self._judging or self.hold_back or not self._stats.tokens or self.has_events or self.stopped:
+        if self._judging or self.hold_back or not self._n_tokens or self.has_events or self.stopped:
             return None
         windows = self._windows
         return windows.sink if isinstance(windows, Transcript) else None
 
     def passed(self, tokens: int) -> None:
         """``tokens`` plain tokens were appended to :meth:`passthrough_sink`'s list."""
-        self._stats.tokens += tokens
+        self._n_tokens += tokens
 
     def drain(self) -> list[StreamEvent]:
         """Events ready now: warnings, retractions, stops, tokens released in hold-back mode."""
@@ -489,7 +496,7 @@ class GuardSession:
         self._scan_held()
         tail = self._text.tail() if self._text is not None else ""
         if tail:
-            self._stats.tokens += 1
+            self._n_tokens += 1
             end = self._windows.feed(tail)
             if end >= 0:
                 self._close_checkpoint(end)
@@ -513,24 +520,23 @@ class GuardSession:
             self._emit_tokens(self._windows.take_open_tokens())
         text = self._windows.text()
         summary = self._summary(outcome)
-        st = self._stats
         limit = self.settings.max_text_attribute_chars
         # one call for all of them, start()'s included: each call takes the span's lock and cleans a mapping
         attrs = self._late
         attrs.update({
-            semconv.STREAM_TOKENS: st.tokens,
+            semconv.STREAM_TOKENS: self._n_tokens,
             semconv.STREAM_CHARS: len(text),
             semconv.STREAM_CHECKPOINTS: self._next_index,
-            semconv.STREAM_ALERTS: st.alerts,
+            semconv.STREAM_ALERTS: self._n_alerts,
             semconv.STREAM_VERDICT: summary["verdict"],
             semconv.STREAM_OUTCOME: outcome,
-            semconv.STREAM_REGENERATIONS: st.regenerations,
+            semconv.STREAM_REGENERATIONS: self._n_regenerations,
         })
         if self._text is not None and self._text.skipped:
             attrs[semconv.STREAM_SKIPPED_TOKENS] = self._text.skipped
         attrs.update(skip_attributes(self._skips))
-        if st.ttft_ms is not None:
-            attrs[semconv.STREAM_TTFT_MS] = st.ttft_ms
+        if self._ttft_ms is not None:
+            attrs[semconv.STREAM_TTFT_MS] = self._ttft_ms
         attrs.update(text_attributes(ANSWER_KEYS, text, capture=self.settings.capture_content, limit=limit))
         if self.settings.capture_content:
             attrs[semconv.OUTPUT_VALUE] = span_text(text, limit)
@@ -590,8 +596,11 @@ class GuardSession:
     def _hold_tokens(self) -> None:
         # tokens wait for a scan only where a scheduler runs it, and not in hold-back, where tokens go out
         # per window as they came; called whenever the windows, the scheduler or the mode change
-        lazy = self._defer is not None and self._judging and not self.hold_back
-        self._held = self._windows.held if lazy else None
+        # (a Transcript - before start(), or a stream nothing judges - never holds: its held list is shared)
+        windows = self._windows
+        lazy = (self._defer is not None and self._judging and not self.hold_back
+                and not isinstance(windows, Transcript))
+        self._held = windows.held if lazy else None
         self._holding = self._holding and lazy
 
     def abort(self, outcome: str = "disconnected", error: BaseException | None = None) -> None:
@@ -614,7 +623,7 @@ class GuardSession:
         req = self.regen_request
         assert req is not None
         self.regen_request = None
-        self._stats.regenerations += 1
+        self._n_regenerations += 1
         self._checkpoints.clear()  # verdicts of retracted text are ignored from here on
         prefix = req.accepted_prefix
         s = self.settings
@@ -638,7 +647,7 @@ class GuardSession:
         # its span event is added at the end, with this timestamp: made here, on the first token's path, it
         # would be an event, its attributes and a lock more for the GC to track through the whole stream
         now = self._first_ns = time.time_ns()
-        self._stats.ttft_ms = round((now - self._start_ns) / 1e6, 3)
+        self._ttft_ms = round((now - self._start_ns) / 1e6, 3)
 
     def _close_checkpoint(self, end: int, final: bool = False) -> None:
         window = self._windows.cut(end)
@@ -764,7 +773,7 @@ class GuardSession:
             if self.hold_back:
                 self._release_tokens(cp)
             return
-        self._stats.judged_any = True
+        self._judged_any = True
         failed = v.failed if not self._skip_checks else ()
         if not self._failed:
             self._passed().mark(v.start, passed_until(v))
@@ -777,14 +786,13 @@ class GuardSession:
         self._alert(v, cp)
 
     def _alert(self, v: Verdict, cp: _Checkpoint) -> None:
-        st = self._stats
-        st.alerts += 1
+        self._n_alerts += 1
         self._failed = True
         score = v.failed[0]
         action = self.settings.action
         data = warning_data(v, score, self._requests_of().threshold(score.name), action)
-        if st.first_alert_char is None:
-            st.first_alert_char = data["char_end"]
+        if self._first_alert_char is None:
+            self._first_alert_char = data["char_end"]
         if self._span is not None:
             first = data["sentences"][0]
             self._span.add_event(
@@ -803,7 +811,7 @@ class GuardSession:
             if self._regenerate is None:
                 data["action"] = "flag"
                 data["reason"] = "no_regenerate_callback"
-            elif st.regenerations >= self.settings.max_regenerations:
+            elif self._n_regenerations >= self.settings.max_regenerations:
                 data["action"] = "stop"
                 data["reason"] = "max_regenerations"
                 action = "stop"
@@ -838,7 +846,7 @@ class GuardSession:
             contexts=self.contexts or (),
             accepted_prefix=text[:keep],
             instruction=self.settings.regenerate_instruction,
-            attempt=self._stats.regenerations + 1,
+            attempt=self._n_regenerations + 1,
         )
         self.has_events = True
 
@@ -916,35 +924,20 @@ class GuardSession:
 
     def _summary(self, outcome: str) -> dict[str, Any]:
         verdict = self._verdict
-        st = self._stats
-        if verdict == "unjudged" and st.judged_any:
+        if verdict == "unjudged" and self._judged_any:
             verdict = "pass"
         return {
             "verdict": verdict,
             "outcome": outcome,
-            "tokens": st.tokens,
+            "tokens": self._n_tokens,
             "chars": self._windows.length,
             "checkpoints": self._next_index,
-            "alerts": st.alerts,
-            "regenerations": st.regenerations,
-            "first_alert_char": st.first_alert_char,
-            "ttft_ms": st.ttft_ms,
+            "alerts": self._n_alerts,
+            "regenerations": self._n_regenerations,
+            "first_alert_char": self._first_alert_char,
+            "ttft_ms": self._ttft_ms,
             "stream_id": self._stream_hex,
         }
-
-
-class _Stats:
-    """Counters of one stream."""
-
-    __slots__ = ("alerts", "first_alert_char", "judged_any", "regenerations", "tokens", "ttft_ms")
-
-    def __init__(self) -> None:
-        self.tokens = 0
-        self.alerts = 0
-        self.regenerations = 0
-        self.first_alert_char: int | None = None
-        self.ttft_ms: float | None = None
-        self.judged_any = False
 
 
 def _size(contexts: Sequence[str]) -> int:

@@ -60,7 +60,9 @@ class Windows:
         self.start = len(prefix)
         #: tokens a caller appended instead of feeding them, until :meth:`scan`
         self.held: list[str] = []
-        self._scanned: list[int] = []  # sentences of each window scan() found, for cut() to take in order
+        # sentences of each window scan() found, for cut() to take in order; made by the first such window
+        # (a list fewer per live stream for the cyclic GC until then)
+        self._scanned: list[int] | None = None
 
     @property
     def length(self) -> int:
@@ -93,6 +95,8 @@ class Windows:
             n += 1
             if add(s):
                 ends.append(s.end)
+                if self._scanned is None:
+                    self._scanned = []
                 self._scanned.append(n)
                 n = 0
         self._sentences = n  # the window left open
@@ -184,6 +188,9 @@ class ReleaseOrder:
         self._next = next_index
 
 
+_NEVER_HELD: list[str] = []
+
+
 class Transcript(Windows):
     """The answer of a stream that is not judged (sampled out): tokens kept for the answer span, no
     sentence splitting and no windows, so such a stream costs a list append per token."""
@@ -193,7 +200,9 @@ class Transcript(Windows):
     def __init__(self) -> None:  # no sentence buffer, no policy
         self._all: list[str] = []
         self.start = 0
-        self.held = []  # never holds tokens back: nothing to scan
+        # never holds tokens back (the session holds only a judged stream's), so nothing is ever scanned:
+        # one empty list, never appended to, serves every sampled-out stream (a list fewer each for the GC)
+        self.held = _NEVER_HELD
 
     @property
     def length(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
 import random
@@ -176,12 +177,12 @@ class _Call:
     def _retry(self, error: TransientJudgeError) -> None:
         pool, job = self._pool, self._job
         self.over = True
-        task = asyncio.get_running_loop().create_task(pool._run(job, first_error=error))
+        task = pool._spawn(job, error)
         with pool._lock:
             pool._running.pop(self, None)
             pool._calls -= 1
             pool._running[task] = job
-        task.add_done_callback(lambda t, s=self._sem: pool._task_done(t, s))  # type: ignore[misc]
+        pool._watch(task)
 
     def _end(self, outcome: JobOutcome) -> None:
         pool = self._pool
@@ -324,6 +325,10 @@ class JudgePool:
         self._deferred: deque[tuple[JudgeJob, JobOutcome]] = deque()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        # made by the pool's thread (see _spawn and _watch), as is the dispatcher's semaphore
+        self._task_context: contextvars.Context | None = None
+        self._callback_context: contextvars.Context | None = None
+        self._sem: asyncio.Semaphore | None = None
         self._thread: threading.Thread | None = None
         self._wake: asyncio.Event | None = None
         self._bell: WakeFd | None = None  # sets _wake from any thread
@@ -523,6 +528,9 @@ class JudgePool:
     def _thread_main(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
+        quiet = self._task_context = contextvars.Context()
+        quiet.run(otel_context.attach, _QUIET)  # never detached: the context is only ever copied
+        self._callback_context = contextvars.Context()
         wake = self._wake = asyncio.Event()
         bell = self._bell = WakeFd(loop, wake.set)
         ready.set()
@@ -589,7 +597,7 @@ class JudgePool:
 
     async def _dispatch(self) -> None:
         assert self._wake is not None
-        sem = asyncio.Semaphore(self._concurrency)
+        sem = self._sem = asyncio.Semaphore(self._concurrency)
         self._cpu_debt, self._cpu_seen, self._cpu_at = 0.0, time.thread_time(), time.monotonic()
         while True:
             await sem.acquire()
@@ -645,12 +653,12 @@ class JudgePool:
             begin = getattr(job.judge, "begin", None)
             if begin is not None and self._begin(job, sem, begin):
                 continue
-            task = asyncio.get_running_loop().create_task(self._run(job))
+            task = self._spawn(job)
             with self._lock:
                 self._running[task] = job
                 self._taken = None
                 cancel, self._cancel_taken = self._cancel_taken, False
-            task.add_done_callback(lambda t, s=sem: self._task_done(t, s))  # type: ignore[misc]
+            self._watch(task)
             if cancel:  # its stream was cancelled between the queue and here: it never starts
                 task.cancel()
 
@@ -684,8 +692,21 @@ class JudgePool:
         if self._calls:
             self._sweep = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep_calls)
 
-    def _task_done(self, task: asyncio.Task[None], sem: asyncio.Semaphore) -> None:
-        sem.release()
+    def _spawn(self, job: JudgeJob, first_error: TransientJudgeError | None = None) -> asyncio.Task[None]:
+        # the call's task runs in a copy of a context made once with the quiet context attached: a copy
+        # shares its mapping, where attaching per call made a token and a new mapping, objects the GC
+        # tracks for as long as the call is out (a model's whole latency)
+        assert self._loop is not None and self._task_context is not None
+        return self._loop.create_task(self._run(job, first_error), context=self._task_context.copy())
+
+    def _watch(self, task: asyncio.Task[None]) -> None:
+        # a bound method run in one empty context: a closure and a copy of the current context per call
+        # were three more objects per call in flight
+        task.add_done_callback(self._task_done, context=self._callback_context)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        assert self._sem is not None
+        self._sem.release()
         job = self._running.get(task)
         # the outcome goes out before the job stops counting as running, so force_flush never
         # returns while a callback is still owed
@@ -704,47 +725,43 @@ class JudgePool:
             self._idle.notify_all()
 
     async def _run(self, job: JudgeJob, first_error: TransientJudgeError | None = None) -> None:
-        # an empty context with instrumentation suppressed: instrumentations (httpx, openai, requests...)
-        # create no spans, so the judge's own I/O never lands in a judged trace
-        token = otel_context.attach(_QUIET)
+        # run (see _spawn) in an empty context with instrumentation suppressed: instrumentations (httpx,
+        # openai, requests...) create no spans, so the judge's own I/O never lands in a judged trace
         attempts = 0
         outcome: JobOutcome
-        try:
-            if first_error is not None:  # a _Call's first attempt failed: its retries, from its backoff
-                attempts = 1
-                await asyncio.sleep(self._backoff(attempts, first_error.retry_after))
-            while True:
-                attempts += 1
-                started = time.monotonic()
-                try:
-                    # asyncio.timeout, not wait_for: no extra task per call
-                    async with asyncio.timeout(self._timeout_s):
-                        result = await job.judge.evaluate(job.item, job.metrics)
-                    _check_result(result)
-                    elapsed = time.monotonic() - started
-                    self._m_duration.record(elapsed, {semconv.METRIC_ATTR_JUDGE: result.judge})
-                    outcome = JobOutcome("judged", result, attempts=attempts)
-                    break
-                except TimeoutError:
-                    outcome = JobOutcome(
-                        "timeout", error=f"judge call exceeded {self._timeout_s:g}s", attempts=attempts
-                    )
-                    break
-                except TransientJudgeError as exc:
-                    if attempts > self._max_retries:
-                        outcome = JobOutcome("error", error=_describe(exc), attempts=attempts)
-                        break
-                    await asyncio.sleep(self._backoff(attempts, exc.retry_after))
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # a judge failure never breaks a response
+        if first_error is not None:  # a _Call's first attempt failed: its retries, from its backoff
+            attempts = 1
+            await asyncio.sleep(self._backoff(attempts, first_error.retry_after))
+        while True:
+            attempts += 1
+            started = time.monotonic()
+            try:
+                # asyncio.timeout, not wait_for: no extra task per call
+                async with asyncio.timeout(self._timeout_s):
+                    result = await job.judge.evaluate(job.item, job.metrics)
+                _check_result(result)
+                elapsed = time.monotonic() - started
+                self._m_duration.record(elapsed, {semconv.METRIC_ATTR_JUDGE: result.judge})
+                outcome = JobOutcome("judged", result, attempts=attempts)
+                break
+            except TimeoutError:
+                outcome = JobOutcome(
+                    "timeout", error=f"judge call exceeded {self._timeout_s:g}s", attempts=attempts
+                )
+                break
+            except TransientJudgeError as exc:
+                if attempts > self._max_retries:
                     outcome = JobOutcome("error", error=_describe(exc), attempts=attempts)
                     break
-                except BaseException as exc:  # SystemExit / KeyboardInterrupt from a judge: not ours to obey
-                    outcome = JobOutcome("error", error=_describe(exc), attempts=attempts)
-                    break
-        finally:
-            otel_context.detach(token)
+                await asyncio.sleep(self._backoff(attempts, exc.retry_after))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a judge failure never breaks a response
+                outcome = JobOutcome("error", error=_describe(exc), attempts=attempts)
+                break
+            except BaseException as exc:  # SystemExit / KeyboardInterrupt from a judge: not ours to obey
+                outcome = JobOutcome("error", error=_describe(exc), attempts=attempts)
+                break
         if outcome.status == "error":
             self._m_errors.add(1, {semconv.METRIC_ATTR_JUDGE: getattr(job.judge, "name", "?")})
         self._finish(job, outcome, attempts)

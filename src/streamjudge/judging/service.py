@@ -34,6 +34,25 @@ _MAX_MERGED_CHARS = MAX_JOINED_CHARS
 LOAD_STREAMS = 64
 
 
+class _JobHooks:
+    """A job's way back to the service: its outcome's delivery and its merge with an older job.
+
+    One object with two bound methods, where two closures over the request were two functions, their cell
+    tuples and three cells: objects the GC tracks for as long as the job is queued or out (a model judge's
+    whole latency)."""
+
+    __slots__ = ("_judge", "_request", "_service")
+
+    def __init__(self, service: JudgingService, request: JudgeRequest, judge: Judge) -> None:
+        self._service, self._request, self._judge = service, request, judge
+
+    def done(self, outcome: JobOutcome) -> None:
+        self._service._done(self._request, outcome)
+
+    def merge(self, older: JudgeJob) -> JudgeJob | None:
+        return self._service._merged(self._request, self._judge, older)
+
+
 class JudgingService:
     """Turns requests into judge jobs and their outcomes into exported results and verdicts."""
 
@@ -93,15 +112,16 @@ class JudgingService:
         # sentences: one score for the merged text would fail, and underline, sentences of both windows
         # that were fine. Other judges' checkpoints queue on their own (a full queue drops, and says so)
         coalesce = request.coalesce and _scores_sentences(judge)
+        hooks = _JobHooks(self, request, judge)
         return JudgeJob(
             judge=judge,
             item=request.item,
             metrics=request.metrics,
-            callback=lambda outcome: self._done(request, outcome),
+            callback=hooks.done,
             stream_key=request.stream_id,
             sample_key=request.trace_id,
             coalesce=coalesce,
-            merge=(lambda older: self._merged(request, judge, older)) if coalesce else None,
+            merge=hooks.merge if coalesce else None,
             tag=request,
             size=len(request.item.answer) + len(request.item.prefix),
             live=request.kind != "answer",
