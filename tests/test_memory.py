@@ -205,23 +205,14 @@ def test_a_session_keeps_its_state_in_slots(harness: Harness) -> None:
     assert sys.getsizeof(session) < 600
 
 
-@pytest.mark.parametrize(("sample_rate", "most"), [(0.0, 20), (1.0, 41)])
-def test_a_live_stream_keeps_few_objects_for_the_cyclic_gc(
-    harness: Harness, sample_rate: float, most: int
-) -> None:
-    # every object a live stream keeps is one more for each young collection to copy and brings the next
-    # whole-heap one sooner: at 500 streams starting together one such collection (~25 ms, collecting
-    # nothing) held back every stream's first token. Counted against the same streams unguarded, each held
-    # at the same point (two sentences out, their verdicts in, the exporter's copies dropped) so the count
-    # depends on what a stream keeps and not on how far a loaded machine got (timed at 60 ms instead, the
-    # judged count ran from 18 to 44 by load): before the stream span started without the SDK's start work
-    # and the driver kept only what its tokens need, 42 sampled out and 60 judged; since, 20 and 43 (a
-    # judged stream holds its last verdict until its next token); since the span's flags, the stream's
-    # counters, a result's empty usage and an unused list are shared or gone, 17 and 38
-    runtime = harness.configure(KeywordJudge(), preflight=False, sample_rate=sample_rate, end_wait_s=0.5)
-    n = 40
+def _kept_per_stream(
+    harness: Harness, ready: Callable[[bool], bool], release: Callable[[], None] = lambda: None, n: int = 40
+) -> float:
+    """The objects the GC tracks per live stream, guarded over the same streams unguarded: ``n`` streams,
+    each held after its first two sentences (and the token after them, on which a boundary is seen) until
+    ``ready(guarded)``; ``release`` lets whatever the judge holds go once they are counted."""
     words = (_GOOD * 3).split(" ")
-    head = len(_GOOD.split(" "))  # two sentences and the token after them (a boundary is seen on it)
+    head = len(_GOOD.split(" "))
 
     async def run() -> float:
         hold = asyncio.Event()
@@ -244,15 +235,18 @@ def test_a_live_stream_keeps_few_objects_for_the_cyclic_gc(
             async for _ in guard(paced(), question="tower", contexts=["The tower is 330 metres tall."]):
                 pass
 
-        async def settled() -> None:
-            # the pool done with every checkpoint, its verdicts delivered to the loop and their spans exported
+        async def until(done: Callable[[], bool]) -> None:
             for _ in range(1000):
-                if waiting == n and not runtime.pool.depth:
+                if done():
                     break
                 await asyncio.sleep(0.005)
-            assert waiting == n and not runtime.pool.depth, (waiting, runtime.pool.depth)
+            assert done(), waiting
             for _ in range(5):
                 await asyncio.sleep(0.005)
+
+        def idle() -> bool:
+            release()
+            return not harness.runtime.pool.depth  # type: ignore[union-attr]
 
         async def live(one: Callable[[], Awaitable[None]]) -> int:
             nonlocal hold, waiting
@@ -261,19 +255,38 @@ def test_a_live_stream_keeps_few_objects_for_the_cyclic_gc(
             gc.collect()
             before = len(gc.get_objects())
             tasks = [asyncio.ensure_future(one()) for _ in range(n)]
-            await settled()
+            await until(lambda: waiting == n and ready(one is guarded))
             harness.exporter.clear()  # an exporter's copies are the backend's, not the stream's
             gc.collect()
             kept = len(gc.get_objects()) - before
+            release()
             hold.set()
             await asyncio.gather(*tasks)
-            await settled()  # the ends' final passes and exports: the next count starts from an idle pool
+            await until(idle)  # the ends' final passes and exports: the next count starts from an idle pool
             return kept
 
         await live(guarded)  # first use: caches, the loop's wake-up bell, the pool's thread
         return (await live(guarded) - await live(bare)) / n
 
-    per_stream = asyncio.run(run())
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(("sample_rate", "most"), [(0.0, 18), (1.0, 40)])
+def test_a_live_stream_keeps_few_objects_for_the_cyclic_gc(
+    harness: Harness, sample_rate: float, most: int
+) -> None:
+    # every object a live stream keeps is one more for each young collection to copy and brings the next
+    # whole-heap one sooner: at 500 streams starting together one such collection (~25 ms, collecting
+    # nothing) held back every stream's first token. Counted against the same streams unguarded, each held
+    # at the same point (two sentences out, their verdicts in, the exporter's copies dropped) so the count
+    # depends on what a stream keeps and not on how far a loaded machine got (timed at 60 ms instead, the
+    # judged count ran from 18 to 44 by load): before the stream span started without the SDK's start work
+    # and the driver kept only what its tokens need, 42 sampled out and 60 judged; since, 20 and 43 (a
+    # judged stream holds its last verdict until its next token); since the span's flags, the stream's
+    # counters, a result's empty usage and an unused list are shared or gone, 17 and 38
+    runtime = harness.configure(KeywordJudge(), preflight=False, sample_rate=sample_rate, end_wait_s=0.5)
+    # counted once the pool is done with every checkpoint, its verdicts delivered and their spans exported
+    per_stream = _kept_per_stream(harness, lambda _guarded: not runtime.pool.depth)
     harness.spans()
     assert 0 < per_stream <= most, per_stream
 
@@ -311,58 +324,10 @@ def test_a_call_out_to_a_coroutine_judge_keeps_few_objects_for_the_cyclic_gc(har
     # over the request), with the stream-level savings above; 54 since
     judge = _HeldJudge()
     harness.configure(judge, preflight=False, final_reconcile=False, concurrency=1000, end_wait_s=0.5)
+    # counted with every guarded stream's checkpoint out (none for the unguarded ones)
     n = 40
-    words = (_GOOD * 3).split(" ")
-    head = len(_GOOD.split(" "))
-
-    async def run() -> float:
-        hold = asyncio.Event()
-        waiting = 0
-
-        async def paced() -> AsyncIterator[str]:
-            nonlocal waiting
-            for i, word in enumerate(words):
-                if i == head:
-                    waiting += 1
-                    await hold.wait()
-                await asyncio.sleep(0)
-                yield word + " "
-
-        async def bare() -> None:
-            async for _ in paced():
-                pass
-
-        async def guarded() -> None:
-            async for _ in guard(paced(), question="tower", contexts=["The tower is 330 metres tall."]):
-                pass
-
-        async def live(one: Callable[[], Awaitable[None]], calls: int) -> int:
-            nonlocal hold, waiting
-            hold, waiting = asyncio.Event(), 0
-            gc.collect()
-            before = len(gc.get_objects())
-            tasks = [asyncio.ensure_future(one()) for _ in range(n)]
-            for _ in range(1000):  # every stream at its hold, its checkpoint's call out
-                if waiting == n and len(judge.out) == calls:
-                    break
-                await asyncio.sleep(0.005)
-            assert waiting == n and len(judge.out) == calls, (waiting, len(judge.out))
-            gc.collect()
-            kept = len(gc.get_objects()) - before
-            judge.release()
-            hold.set()
-            await asyncio.gather(*tasks)
-            for _ in range(200):  # the tail checkpoints' calls
-                judge.release()
-                if not harness.runtime.pool.depth:  # type: ignore[union-attr]
-                    break
-                await asyncio.sleep(0.005)
-            return kept
-
-        await live(guarded, n)  # first use: caches, the loop's wake-up bell, the pool's thread
-        return (await live(guarded, n) - await live(bare, 0)) / n
-
-    per_stream = asyncio.run(run())
+    per_stream = _kept_per_stream(harness, lambda guarded: len(judge.out) == (n if guarded else 0),
+                                  judge.release, n)
     judge.release()
     harness.spans()
     assert 0 < per_stream <= 58, per_stream
