@@ -193,6 +193,34 @@ def test_a_step_awaited_to_its_end_passes_a_cancellation_to_the_source_at_its_aw
     assert seen == ["source cancelled at its await", "the awaiting task cancelled"]
 
 
+def test_a_raced_wait_over_bare_yields_takes_a_verdict_once_and_then_goes_on() -> None:
+    # the wait both drivers race a token with (guard()'s and the model tap's): a verdict that arrived while the
+    # source yields bare ends one wait, after the pass the source asked for, and is taken with it, so the next
+    # wait steps the source on to its token instead of ending at once again (it spun there, the source never
+    # resumed, until another verdict came)
+    from streamjudge.judging._drivers import AsyncWaker, SourceStep, wait_step
+
+    async def source() -> AsyncIterator[str]:
+        for _ in range(3):
+            await asyncio.sleep(0)  # bare yields: no future to wait on
+        yield "token"
+
+    async def main() -> tuple[bool, bool, str]:
+        gen = source()
+        step = SourceStep(gen.__anext__())
+        assert not step.advance()  # at its first bare yield
+        waker = AsyncWaker(asyncio.get_running_loop())
+        waker.notify()  # a verdict arrived (from the pool's thread) while nothing waited on a future
+        await wait_step(step, waker, None)
+        first = step.ready  # the verdict ended the wait, after one pass that stepped the source on
+        await asyncio.wait_for(wait_step(step, waker, None), 1.0)
+        await gen.aclose()
+        return first, waker.take_flag(), step.take()
+
+    first, flag_left, token = asyncio.run(main())
+    assert not first and not flag_left and token == "token"
+
+
 def test_a_step_takes_any_awaitable_a_task_would() -> None:
     from streamjudge.judging._drivers import SourceStep
 
