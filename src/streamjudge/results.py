@@ -299,11 +299,14 @@ def _no_usage() -> Usage:
     return NO_USAGE
 
 
+_reduce_by_fields = Usage.__reduce__
+
+
 def _reduce_usage(self: Usage) -> tuple[Any, ...]:
     # a worker's result that counted nothing comes back as the shared instance, as one made here would be
     if self == NO_USAGE:
         return (_no_usage, ())
-    return (_restore, (Usage, (self.calls, self.input_tokens, self.output_tokens, self.cost_usd)))
+    return _reduce_by_fields(self)  # type: ignore[return-value]
 
 
 Usage.__reduce__ = _reduce_usage  # type: ignore[method-assign, assignment]

@@ -100,10 +100,10 @@ class _Call:
     the pool's sweep gives the call up at its deadline (``timeout``) and lets the judge check its own
     (``tick``). A transient error's retries run as ``_run`` does, in a task."""
 
-    __slots__ = ("_deadline", "_handle", "_job", "_pool", "_sem", "_started", "over")
+    __slots__ = ("_deadline", "_handle", "_job", "_pool", "_started", "over")
 
-    def __init__(self, pool: JudgePool, job: JudgeJob, sem: asyncio.Semaphore) -> None:
-        self._pool, self._job, self._sem = pool, job, sem
+    def __init__(self, pool: JudgePool, job: JudgeJob) -> None:
+        self._pool, self._job = pool, job
         self._handle: Any = None
         self._started = self._deadline = 0.0
         self.over = False  # its outcome is delivered (or it went on in a task)
@@ -192,7 +192,8 @@ class _Call:
         # the outcome goes out before the job stops counting as running (as _task_done): force_flush
         # never returns while a callback is still owed
         pool._finish(self._job, outcome, outcome.attempts)
-        self._sem.release()
+        assert pool._sem is not None
+        pool._sem.release()
         with pool._lock:
             if pool._running.pop(self, None) is not None:
                 pool._calls -= 1
@@ -651,7 +652,7 @@ class JudgePool:
                     self._notify_if_idle()
                 continue
             begin = getattr(job.judge, "begin", None)
-            if begin is not None and self._begin(job, sem, begin):
+            if begin is not None and self._begin(job, begin):
                 continue
             task = self._spawn(job)
             with self._lock:
@@ -662,10 +663,10 @@ class JudgePool:
             if cancel:  # its stream was cancelled between the queue and here: it never starts
                 task.cancel()
 
-    def _begin(self, job: JudgeJob, sem: asyncio.Semaphore, begin: Callable[..., Any]) -> bool:
+    def _begin(self, job: JudgeJob, begin: Callable[..., Any]) -> bool:
         """Start ``job`` with its judge's ``begin`` (a call whose reply runs a callback, no task). False
         when the judge cannot take it that way now: the caller runs it in a task."""
-        call = _Call(self, job, sem)
+        call = _Call(self, job)
         if not call.start(begin):
             return False
         # no reply can come before this (replies are read by this loop), only a failure inside begin()
