@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import resource
+import selectors
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -126,3 +129,168 @@ def test_the_pipe_stays_open_for_the_exit_drain() -> None:
                          check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "woke"
+
+
+# --- the judge pool's loop: polls and pipe reads/writes that cannot block keep the GIL --------------------
+
+
+def _wakeups_of_a_gil_waiter(call: Callable[[], object], n: int = 50) -> int:
+    """How often a thread that waits for the GIL is woken while this one makes ``call`` ``n`` times (with
+    0.2 ms of Python between calls, in which the woken thread goes back to waiting); ``n`` when it even
+    got the GIL before the calls were over. A call that releases the GIL wakes it each time (and now and
+    then hands it the GIL); one that keeps it, never."""
+    r, w = os.pipe()
+    seen: dict[str, int] = {}
+    calls_over: list[bool] = []
+
+    def waiter() -> None:
+        seen["before"] = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        os.read(r, 1)  # blocked with the GIL released, then waiting for it
+        seen["after"] = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        seen["early"] = not calls_over
+
+    def spin(seconds: float) -> None:  # Python work that keeps the GIL (perf_counter makes no syscall)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    try:
+        while "before" not in seen:
+            time.sleep(0.001)
+        time.sleep(0.01)  # let it block in read()
+        assert _wakefd._write is not None
+        _wakefd._write(w, b"\0")  # its read returns; it now waits for the GIL this thread keeps
+        spin(0.02)
+        for _ in range(n):
+            call()
+            spin(0.0002)
+        calls_over.append(True)
+    finally:
+        t.join(10)  # releases the GIL: it runs
+        os.close(r)
+        os.close(w)
+    return n if seen["early"] else seen["after"] - seen["before"]
+
+
+needs_gil_holding_calls = pytest.mark.skipif(
+    _wakefd._epoll is None or _wakefd._write is None, reason="no GIL-holding libc calls here (fallbacks)"
+)
+
+
+@needs_gil_holding_calls
+def test_a_poll_that_cannot_block_does_not_wake_a_thread_waiting_for_the_gil(
+    long_switch_interval: None,
+) -> None:
+    # each release of the GIL while another thread waits for it costs the releasing thread a futex wake
+    # (and often the GIL itself): the pool's loop polls with a zero timeout several times per judge call
+    stdlib, ours = selectors.EpollSelector(), _wakefd.GilSelector()
+    pr, pw = os.pipe()
+    try:
+        for sel in (stdlib, ours):
+            sel.register(pr, selectors.EVENT_READ)
+        if _wakeups_of_a_gil_waiter(lambda: stdlib.select(0)) < 25:
+            pytest.skip("this interpreter's GIL release does not wake a waiter: nothing to tell apart")
+        assert _wakeups_of_a_gil_waiter(lambda: ours.select(0)) <= 5
+    finally:
+        stdlib.close()
+        ours.close()
+        os.close(pr)
+        os.close(pw)
+
+
+@needs_gil_holding_calls
+def test_nonblocking_reads_and_writes_do_not_wake_a_thread_waiting_for_the_gil(
+    long_switch_interval: None,
+) -> None:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+
+    def write_and_read() -> None:
+        _wakefd.write_nonblocking(w, b"x")
+        assert _wakefd.read_nonblocking(r, 10) == b"x"
+
+    try:
+        assert _wakeups_of_a_gil_waiter(write_and_read) <= 5
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_the_gil_holding_selector_reports_what_the_stdlib_reports() -> None:
+    ours, theirs = _wakefd.GilSelector(), selectors.DefaultSelector()
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    try:
+        for sel in (ours, theirs):
+            sel.register(r1, selectors.EVENT_READ, "r1")
+            sel.register(r2, selectors.EVENT_READ, "r2")
+            sel.register(w1, selectors.EVENT_WRITE, "w1")
+
+        def ready(sel: selectors.BaseSelector, timeout: float | None) -> set[tuple[str, int]]:
+            return {(key.data, ev) for key, ev in sel.select(timeout)}
+
+        assert ready(ours, 0) == ready(theirs, 0) == {("w1", selectors.EVENT_WRITE)}
+        os.write(w1, b"x")
+        assert ready(ours, 0) == ready(theirs, 0) == {("w1", selectors.EVENT_WRITE), ("r1", selectors.EVENT_READ)}
+        os.close(w2)  # a closed writer: the reader is readable (EOF), as the stdlib says
+        assert ready(ours, 0) == ready(theirs, 0)
+        assert ("r2", selectors.EVENT_READ) in ready(ours, 0)
+        assert ready(ours, 0.01) == ready(theirs, 0.01)  # a poll that may wait: the stdlib's own
+        ours.unregister(w1)
+        theirs.unregister(w1)
+        assert ready(ours, 0) == ready(theirs, 0) == {("r1", selectors.EVENT_READ), ("r2", selectors.EVENT_READ)}
+    finally:
+        ours.close()
+        theirs.close()
+        for fd in (r1, w1, r2):
+            os.close(fd)
+
+
+def test_nonblocking_reads_and_writes_behave_as_os_read_and_write() -> None:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    try:
+        with pytest.raises(BlockingIOError):
+            _wakefd.read_nonblocking(r, 10)  # nothing there yet
+        out = bytearray(b"hello ")
+        assert _wakefd.write_nonblocking(w, out) == 6
+        out.clear()  # written from the array in place, and the array can change size after
+        assert _wakefd.write_nonblocking(w, b"world") == 5
+        assert _wakefd.read_nonblocking(r, 3) == b"hel"
+        assert _wakefd.read_nonblocking(r, 100) == b"lo world"
+        big = b"x" * (1 << 20)  # more than a pipe holds: a partial write, then a full pipe
+        n = _wakefd.write_nonblocking(w, big)
+        assert 0 < n < len(big)
+        with pytest.raises(BlockingIOError):
+            _wakefd.write_nonblocking(w, big)
+        got = b""
+        while len(got) < n:
+            got += _wakefd.read_nonblocking(r, 1 << 16)
+        assert got == big[:n]
+        os.close(r)
+        r = -1
+        with pytest.raises(BrokenPipeError):  # the reader is gone (SIGPIPE is ignored, as Python sets it)
+            _wakefd.write_nonblocking(w, b"x")
+    finally:
+        for fd in (r, w):
+            if fd >= 0:
+                os.close(fd)
+    with pytest.raises(OSError):
+        _wakefd.read_nonblocking(r if r >= 0 else 10_000, 1)  # a bad descriptor
+
+
+def test_the_judge_pool_runs_on_the_gil_holding_selector() -> None:
+    from streamjudge.judging.pool import JudgePool
+
+    pool = JudgePool(concurrency=1)
+    try:
+        pool._ensure_worker()
+        assert pool._loop is not None
+        selector = pool._loop._selector  # type: ignore[attr-defined]
+        assert isinstance(selector, _wakefd.GilSelector) or _wakefd._epoll is None
+    finally:
+        pool.shutdown(5_000)

@@ -28,7 +28,7 @@ from opentelemetry import metrics
 from streamjudge import _sdk, semconv
 from streamjudge._fork import after_fork_in_child
 from streamjudge._redact import redact
-from streamjudge._wakefd import WakeFd
+from streamjudge._wakefd import WakeFd, new_pool_loop
 from streamjudge.judging._admission import Admission
 from streamjudge.judging._lag import LoopLag, LoopProbe
 from streamjudge.judging.base import EvalInput, Judge, JudgeResult, Score, TransientJudgeError
@@ -527,7 +527,8 @@ class JudgePool:
         ready.wait()
 
     def _thread_main(self, ready: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
+        # its polls that cannot block keep the GIL: each release would hand it to the app's thread and back
+        loop = new_pool_loop()
         self._loop = loop
         quiet = self._task_context = contextvars.Context()
         quiet.run(otel_context.attach, _QUIET)  # never detached: the context is only ever copied

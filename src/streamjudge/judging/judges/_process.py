@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from streamjudge._fork import after_fork_in_child
+from streamjudge._wakefd import read_nonblocking, write_nonblocking
 from streamjudge.config import Settings
 from streamjudge.judging.base import EvalInput, JudgeError, JudgeResult, TransientJudgeError
 
@@ -475,7 +476,8 @@ class _WorkerGroup:
         if w.writing or not w.out or w.wfd < 0:
             return
         try:
-            n = os.write(w.wfd, w.out)
+            # with the GIL held (the pipe never blocks): releasing it would hand it to the app's thread
+            n = write_nonblocking(w.wfd, w.out)
         except BlockingIOError:
             n = 0
         except OSError as exc:  # EPIPE: the worker is gone
@@ -492,7 +494,7 @@ class _WorkerGroup:
 
     def _on_writable(self, w: _Worker) -> None:
         try:
-            n = os.write(w.wfd, w.out)
+            n = write_nonblocking(w.wfd, w.out)
         except BlockingIOError:
             return
         except OSError as exc:
@@ -507,7 +509,7 @@ class _WorkerGroup:
         fd = w.rfd
         try:
             while True:
-                chunk = os.read(fd, _READ_CHUNK)
+                chunk = read_nonblocking(fd, _READ_CHUNK)  # GIL held, as the writes
                 if not chunk:
                     self._died(w, "its pipe closed")
                     return
