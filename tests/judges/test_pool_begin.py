@@ -214,3 +214,122 @@ def test_auto_s_stopped_or_killed_worker_costs_no_verdict_through_the_pool(
     warm.once()
     time.sleep(0.3)
     assert children() <= before
+
+
+# --- a job queued while calls are out: taken with their reply, not with a wake-up of its own ---------------
+
+
+class _Handle:
+    def cancel(self) -> None:
+        pass
+
+    def tick(self, now: float) -> None:
+        pass
+
+
+class HeldJudge:
+    """A worker-like judge (``begin``): the first call answers on the pool loop's next pass; later ones wait
+    until the test answers them (``answer``)."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        self.begun: list[str] = []
+        self.waiting: list[Any] = []
+        self.loop: Any = None
+
+    def begin(self, item: EvalInput, metrics: Sequence[str], done: Any) -> _Handle:
+        import asyncio
+
+        self.loop = asyncio.get_running_loop()
+        self.begun.append(item.answer)
+        if len(self.begun) == 1:
+            self.loop.call_soon(done, self.result(), None)
+        else:
+            self.waiting.append(done)
+        return _Handle()
+
+    @staticmethod
+    def result() -> JudgeResult:
+        from streamjudge.judging.base import Score
+
+        return JudgeResult("held", (Score("faithfulness", 1.0),))
+
+    def answer(self) -> None:
+        done = self.waiting.pop(0)
+        self.loop.call_soon_threadsafe(done, self.result(), None)
+
+    async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+        raise AssertionError("a begin judge's calls never run in a task here")
+
+    async def aclose(self) -> None:
+        pass
+
+
+class CountedBell:
+    """The pool's wake-up, counted."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.rings = real, 0
+
+    def ring(self) -> None:
+        self.rings += 1
+        self.real.ring()
+
+
+def _held_pool() -> tuple[JudgePool, HeldJudge, CountedBell, Outcomes]:
+    pool = JudgePool(concurrency=4, cpu_share=0.0)
+    j = HeldJudge()
+    out = Outcomes()
+    out.submit(pool, j, [EvalInput(QUESTION, CONTEXTS, "first", "checkpoint")])
+    until(lambda: len(out.by_job[0]) == 1)  # answered at once: the pool has measured a fast call
+    out.submit(pool, j, [EvalInput(QUESTION, CONTEXTS, "held", "checkpoint")])
+    until(lambda: len(j.waiting) == 1 and pool._sleeping)  # a call out, the dispatcher asleep
+    bell = CountedBell(pool._bell)
+    pool._bell = bell  # type: ignore[assignment]
+    return pool, j, bell, out
+
+
+def test_a_job_queued_while_a_fast_call_is_out_goes_with_its_reply_without_a_wake_up() -> None:
+    pool, j, bell, out = _held_pool()
+    try:
+        out.submit(pool, j, [EvalInput(QUESTION, CONTEXTS, "next", "checkpoint")])
+        time.sleep(0.01)
+        assert j.begun == ["first", "held"]  # it waits for the call out: no wake-up came
+        j.answer()
+        until(lambda: j.begun == ["first", "held", "next"])  # the reply's pass took it
+        assert bell.rings == 0
+        j.answer()
+        assert pool.force_flush(10_000)
+        assert [o.status for o in out.once()] == ["judged"] * 3
+    finally:
+        pool.shutdown(5_000)
+
+
+def test_a_job_queued_behind_a_call_that_does_not_answer_waits_no_longer_than_the_sweep() -> None:
+    pool, j, bell, out = _held_pool()
+    try:
+        t0 = time.monotonic()
+        out.submit(pool, j, [EvalInput(QUESTION, CONTEXTS, "next", "checkpoint")])
+        until(lambda: j.begun == ["first", "held", "next"], timeout=5)
+        assert time.monotonic() - t0 < 1.0  # the sweep's tick (50 ms), not the held call's timeout
+        assert bell.rings == 0
+        j.answer()
+        j.answer()
+        assert pool.force_flush(10_000)
+    finally:
+        pool.shutdown(5_000)
+
+
+def test_a_job_queued_while_slow_calls_are_out_wakes_the_dispatcher_at_once() -> None:
+    pool, j, bell, out = _held_pool()
+    try:
+        pool._call_s = 1.0  # the calls out take a second: the job does not wait for them
+        out.submit(pool, j, [EvalInput(QUESTION, CONTEXTS, "next", "checkpoint")])
+        until(lambda: j.begun == ["first", "held", "next"], timeout=5)
+        assert bell.rings == 1
+        j.answer()
+        j.answer()
+        assert pool.force_flush(10_000)
+    finally:
+        pool.shutdown(5_000)

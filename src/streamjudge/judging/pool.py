@@ -60,6 +60,11 @@ _QUIET = _sdk.quiet_context()
 # how often the deadlines of calls made without a task (a judge's ``begin``) are checked: one timer for all
 # of them, not one each
 _SWEEP_S = 0.05
+# a job submitted while the dispatcher sleeps with calls out to a worker waits for their next reply (or the
+# sweep) instead of a wake-up, where those calls come back this fast (their recent mean): the worker would
+# judge it after them anyway, and the wake-up costs the submitting thread - the app's, streaming tokens - a
+# syscall and a GIL hand-off per checkpoint
+_REPLY_SOON_S = 0.005
 
 
 @dataclass(slots=True)
@@ -142,8 +147,9 @@ class _Call:
                 error = exc
             else:
                 assert result is not None
-                pool._m_duration.record(time.monotonic() - self._started,
-                                        {semconv.METRIC_ATTR_JUDGE: result.judge})
+                took = time.monotonic() - self._started
+                pool._m_duration.record(took, {semconv.METRIC_ATTR_JUDGE: result.judge})
+                pool._call_s = took if pool._call_s == float("inf") else 0.8 * pool._call_s + 0.2 * took
                 self._end(JobOutcome("judged", result, attempts=1))
                 return
         if isinstance(error, TransientJudgeError) and pool._max_retries >= 1:
@@ -201,6 +207,7 @@ class _Call:
             if pool._taken is self._job:  # failed inside begin(), before _begin registered it
                 pool._taken = None
             pool._notify_if_idle()
+        pool._wake_for_queued()
 
 
 class JudgePool:
@@ -317,6 +324,8 @@ class JudgePool:
         # running jobs by their task, or by their _Call (a judge's ``begin``): either has cancel()
         self._running: dict[asyncio.Task[None] | _Call, JudgeJob] = {}
         self._calls = 0  # of them _Calls
+        # the recent mean time of a _Call (see _REPLY_SOON_S); none measured yet: never "soon"
+        self._call_s = float("inf")
         self._sweep: asyncio.TimerHandle | None = None
         # the job the pool's thread took from the queue and has not started yet, and whether its stream was
         # cancelled meanwhile: neither queued nor running, it would be missed by cancel_stream
@@ -326,6 +335,7 @@ class JudgePool:
         self._deferred: deque[tuple[JudgeJob, JobOutcome]] = deque()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0  # the ident of the thread that runs it
         # made by the pool's thread (see _spawn and _watch), as is the dispatcher's semaphore
         self._task_context: contextvars.Context | None = None
         self._callback_context: contextvars.Context | None = None
@@ -415,7 +425,9 @@ class JudgePool:
         if refused is not None:
             self._finish_later(job, JobOutcome(refused))
             return False
-        self._wake_if_sleeping()
+        # a sleeping dispatcher with calls out that come back soon takes the job with their next reply
+        if not (self._calls and self._call_s < _REPLY_SOON_S):
+            self._wake_if_sleeping()
         return True
 
     def _finish_later(self, job: JudgeJob, outcome: JobOutcome) -> None:
@@ -449,6 +461,18 @@ class JudgePool:
         if self._sleeping and bell is not None:
             self._sleeping = False
             bell.ring()
+
+    def _wake_for_queued(self) -> None:
+        # after a _Call ended (on the pool's loop), or at the sweep: a job submit() queued without waking the
+        # sleeping dispatcher (a call was out) is taken now
+        if not self._sleeping or not (self._queue or self._later):
+            return
+        wake = self._wake
+        if wake is not None and self._loop is not None and threading.get_ident() == self._loop_thread:
+            self._sleeping = False
+            wake.set()  # the dispatcher's own loop: no syscall
+        else:
+            self._wake_if_sleeping()
 
     def watch_loop(self) -> LoopProbe | None:
         """A judged stream starts on the running loop: measure its lateness while it is live (the CPU share
@@ -530,6 +554,7 @@ class JudgePool:
         # its polls that cannot block keep the GIL: each release would hand it to the app's thread and back
         loop = new_pool_loop()
         self._loop = loop
+        self._loop_thread = threading.get_ident()
         quiet = self._task_context = contextvars.Context()
         quiet.run(otel_context.attach, _QUIET)  # never detached: the context is only ever copied
         self._callback_context = contextvars.Context()
@@ -691,6 +716,8 @@ class JudgePool:
             calls = [c for c in self._running if isinstance(c, _Call)]
         for call in calls:
             call.tick(now)
+        # a job queued while calls were out waits for no more than this tick (their replies take it sooner)
+        self._wake_for_queued()
         if self._calls:
             self._sweep = asyncio.get_running_loop().call_later(_SWEEP_S, self._sweep_calls)
 
