@@ -146,7 +146,10 @@ def _gil_holding_epoll() -> tuple[Callable[..., int], type[Any]] | None:
     return epoll_wait, _Event
 
 
-_epoll = _gil_holding_epoll() if hasattr(selectors, "EpollSelector") else None
+# GilSelector reads the stdlib selector's key table (private, but in every version since 3.4): without it,
+# the stdlib's own polls
+_epoll = (_gil_holding_epoll() if hasattr(getattr(selectors, "EpollSelector", None), "_key_from_fd")
+          else None)
 _EpollBase: Any = getattr(selectors, "EpollSelector", selectors.DefaultSelector)
 
 

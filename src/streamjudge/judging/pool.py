@@ -189,6 +189,7 @@ class _Call:
             pool._calls -= 1
             pool._running[task] = job
         pool._watch(task)
+        pool._wake_for_queued()  # one call fewer out: a job queued behind it may wait for no reply
 
     def _end(self, outcome: JobOutcome) -> None:
         pool = self._pool
