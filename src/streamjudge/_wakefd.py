@@ -42,23 +42,6 @@ with contextlib.suppress(ImportError, OSError):
     _libc = ctypes.PyDLL(None, use_errno=True)
 
 
-def _gil_holding_write() -> Callable[[int, bytes], int] | None:
-    try:
-        write = _libc.write
-    except AttributeError:  # no ctypes, or no such symbol (Windows)
-        return None
-    write.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
-    write.restype = ctypes.c_ssize_t
-
-    def gil_write(fd: int, data: bytes) -> int:
-        return int(write(fd, data, len(data)))
-
-    return gil_write
-
-
-_write = _gil_holding_write()
-
-
 def _raise_errno() -> None:
     code = ctypes.get_errno()
     raise OSError(code, os.strerror(code))  # the errno's own subclass (BlockingIOError for EAGAIN...)
@@ -94,10 +77,10 @@ def read_nonblocking(fd: int, n: int) -> bytes:
     return _read(fd, n) if _read is not None else os.read(fd, n)
 
 
-def _gil_holding_write_buffer() -> Callable[[int, bytes | bytearray], int] | None:
+def _gil_holding_write() -> Callable[[int, bytes | bytearray], int] | None:
     try:
-        write = _libc["write"]  # a function object of its own: _write's has other argument types
-    except (AttributeError, TypeError):
+        write = _libc.write
+    except AttributeError:  # no ctypes, or no such symbol (Windows)
         return None
     write.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
     write.restype = ctypes.c_ssize_t
@@ -113,13 +96,13 @@ def _gil_holding_write_buffer() -> Callable[[int, bytes | bytearray], int] | Non
     return gil_write
 
 
-_write_buffer = _gil_holding_write_buffer()
+_write = _gil_holding_write()
 
 
 def write_nonblocking(fd: int, data: bytes | bytearray) -> int:
     """``os.write(fd, data)`` for a descriptor that never blocks (``O_NONBLOCK``), without releasing the
     GIL (see the module's doc). Raises as ``os.write`` does (``BlockingIOError`` when the pipe is full)."""
-    return _write_buffer(fd, data) if _write_buffer is not None else os.write(fd, data)
+    return _write(fd, data) if _write is not None else os.write(fd, data)
 
 
 def _gil_holding_epoll() -> tuple[Callable[..., int], type[Any]] | None:
@@ -221,13 +204,9 @@ class WakeFd:
 
     def ring(self) -> None:
         """Wake the loop (from any thread); never blocks, never raises."""
-        try:
-            if _write is not None:
-                _write(self._w, b"\0")  # -1 (EAGAIN) when the pipe is full: a wake-up is pending anyway
-            else:
-                os.write(self._w, b"\0")
-        except OSError:
-            pass
+        # BlockingIOError when the pipe is full: a wake-up is pending anyway
+        with contextlib.suppress(OSError):
+            write_nonblocking(self._w, b"\0")
 
     def _readable(self) -> None:
         # one read empties the pipe unless 4,096 rings came first: no second read just to see EAGAIN

@@ -259,8 +259,12 @@ class HeldJudge:
         done = self.waiting.pop(0)
         self.loop.call_soon_threadsafe(done, self.result(), None)
 
+    def answer_transient(self) -> None:
+        done = self.waiting.pop(0)
+        self.loop.call_soon_threadsafe(done, None, TransientJudgeError("busy"))
+
     async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
-        raise AssertionError("a begin judge's calls never run in a task here")
+        return self.result()  # a retry runs in a task, as the pool retries any call
 
     async def aclose(self) -> None:
         pass
@@ -333,5 +337,26 @@ def test_a_job_queued_while_slow_calls_are_out_wakes_the_dispatcher_at_once() ->
         pool._call_s = 1.0  # the calls out take a second: the job does not wait for them
         _next_starts_unanswered(pool, j, out)
         assert bell.rings == 1
+    finally:
+        pool.shutdown(5_000)
+
+
+def test_a_job_queued_behind_a_call_that_is_retried_starts_when_the_retry_leaves_no_call_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from streamjudge.judging import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "_SWEEP_S", 30.0)  # only the retry itself can take the job in time
+    pool, j, bell, out = _held_pool()
+    try:
+        out.submit(pool, j, [EvalInput(QUESTION, CONTEXTS, "next", "checkpoint")])
+        time.sleep(0.01)
+        assert j.begun == ["first", "held"]
+        j.answer_transient()  # retried in a task: no call out any more, and no reply to come
+        until(lambda: j.begun == ["first", "held", "next"], timeout=5)
+        assert bell.rings == 0
+        j.answer()
+        assert pool.force_flush(10_000)
+        assert [o.status for o in out.once()] == ["judged"] * 3
     finally:
         pool.shutdown(5_000)

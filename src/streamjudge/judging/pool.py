@@ -469,7 +469,7 @@ class JudgePool:
         if not self._sleeping or not (self._queue or self._later):
             return
         wake = self._wake
-        if wake is not None and self._loop is not None and threading.get_ident() == self._loop_thread:
+        if wake is not None and threading.get_ident() == self._loop_thread:
             self._sleeping = False
             wake.set()  # the dispatcher's own loop: no syscall
         else:
