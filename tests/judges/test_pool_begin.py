@@ -294,14 +294,22 @@ def _held_pool() -> tuple[JudgePool, HeldJudge, CountedBell, Outcomes]:
     return pool, j, bell, out
 
 
-def test_a_job_queued_while_a_fast_call_is_out_goes_with_its_reply_without_a_wake_up() -> None:
+@pytest.mark.parametrize("ends", ["answer", "answer_transient"])
+def test_a_job_queued_while_a_fast_call_is_out_goes_when_that_call_ends_without_a_wake_up(
+    ends: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the call ends with its reply, or with a transient error (retried in a task: no call out any more, and
+    # no reply to come). The sweep's tick is out of reach: only the call's end can take the job in time
+    from streamjudge.judging import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "_SWEEP_S", 30.0)
     pool, j, bell, out = _held_pool()
     try:
         out.submit(pool, j, [EvalInput(QUESTION, CONTEXTS, "next", "checkpoint")])
         time.sleep(0.01)
         assert j.begun == ["first", "held"]  # it waits for the call out: no wake-up came
-        j.answer()
-        until(lambda: j.begun == ["first", "held", "next"])  # the reply's pass took it
+        getattr(j, ends)()
+        until(lambda: j.begun == ["first", "held", "next"], timeout=5)  # the call's end took it
         assert bell.rings == 0
         j.answer()
         assert pool.force_flush(10_000)
@@ -340,23 +348,3 @@ def test_a_job_queued_while_slow_calls_are_out_wakes_the_dispatcher_at_once() ->
     finally:
         pool.shutdown(5_000)
 
-
-def test_a_job_queued_behind_a_call_that_is_retried_starts_when_the_retry_leaves_no_call_out(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from streamjudge.judging import pool as pool_module
-
-    monkeypatch.setattr(pool_module, "_SWEEP_S", 30.0)  # only the retry itself can take the job in time
-    pool, j, bell, out = _held_pool()
-    try:
-        out.submit(pool, j, [EvalInput(QUESTION, CONTEXTS, "next", "checkpoint")])
-        time.sleep(0.01)
-        assert j.begun == ["first", "held"]
-        j.answer_transient()  # retried in a task: no call out any more, and no reply to come
-        until(lambda: j.begun == ["first", "held", "next"], timeout=5)
-        assert bell.rings == 0
-        j.answer()
-        assert pool.force_flush(10_000)
-        assert [o.status for o in out.once()] == ["judged"] * 3
-    finally:
-        pool.shutdown(5_000)
