@@ -16,6 +16,7 @@ from streamjudge import RegenerateRequest, StreamEvent, guard, semconv
 from streamjudge.judging._drivers import _GAP_SAMPLE as _GAP
 from streamjudge.judging._windows import MAX_JOINED_CHARS
 from streamjudge.judging.guard import GuardSession
+from streamjudge.judging.processor import JudgeSpanProcessor
 from streamjudge.sentences import Sentence, SentenceBuffer, split_sentences
 from test_seam import MARK, SentenceJudge, _tokens
 
@@ -591,6 +592,67 @@ def test_checkpoint_span_work_waits_until_the_next_token_was_asked_for(
     assert len(mid) >= 3, log
     for i in mid:
         assert [k for k, _ in log[i - 2 : i]] == ["token", "step"], log[i - 3 : i + 1]
+
+
+class _HeldPoolJudge(KeywordJudge):
+    """Holds the pool's thread in its first call (a judge computing in-process) until ``gate`` is set:
+    nothing else runs there meanwhile."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__()
+        self.gate = gate
+
+    async def evaluate(self, item: Any, metrics: Any) -> Any:
+        self.gate.wait(10)
+        return self._score(item, metrics)
+
+
+@pytest.mark.parametrize("leave", [False, True], ids=["ends", "client-leaves"])
+def test_checkpoints_a_busy_pool_has_not_made_are_made_before_the_stream_span_ends(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, leave: bool
+) -> None:
+    # a stream on a loop leaves its checkpoints' spans and requests to the pool's thread; here that thread
+    # is held by the first judge call, so the later ones are still waiting for it when the stream ends (or
+    # its client leaves): the stream makes them itself, before its own span ends, and a client that left
+    # has their requests cancelled
+    gate = threading.Event()
+    rt = harness.configure(_HeldPoolJudge(gate), window_sentences=1, preflight=False, end_wait_s=0.0)
+    ended: list[tuple[str, bool]] = []  # span name, ended on the pool's thread
+    real_on_end = JudgeSpanProcessor.on_end
+
+    def on_end(self: JudgeSpanProcessor, span: Any) -> None:
+        ended.append((span.name, threading.get_ident() == rt.service.pool._loop_thread))
+        real_on_end(self, span)
+
+    monkeypatch.setattr(JudgeSpanProcessor, "on_end", on_end)
+
+    async def main() -> None:
+        agen = guard(paced(GOOD * 2, harness), question="sky", contexts=CONTEXTS).__aiter__()
+        n = 0
+        async for ev in agen:
+            n += ev.type == "token"
+            if leave and n == 20:
+                break
+        await agen.aclose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()
+    names = [name for name, _ in ended]
+    assert names[-1] == semconv.SPAN_STREAM, names
+    made = [on_pool for name, on_pool in ended if name == semconv.SPAN_CHECKPOINT]
+    assert made[0] and not all(made), ended  # the pool made the first; the stream, those it had not
+    spans = harness.spans()
+    stream = by_name(spans, semconv.SPAN_STREAM)[0]
+    cps = by_name(spans, semconv.SPAN_CHECKPOINT)
+    assert len(cps) == len(made) == stream.attributes[semconv.STREAM_CHECKPOINTS]
+    if leave:
+        assert stream.attributes[semconv.STREAM_OUTCOME] == "disconnected"
+        later = sorted(cps, key=lambda c: c.attributes[semconv.CHECKPOINT_INDEX])[1:]
+        assert later and {c.attributes[semconv.EVAL_STATUS] for c in later} <= {"cancelled", "superseded"}
+    else:
+        assert {c.attributes[semconv.EVAL_STATUS] for c in cps} <= {"judged", "superseded"}
 
 
 def test_sentences_of_one_burst_share_a_checkpoint_that_names_each_sentence(harness: Harness) -> None:

@@ -471,3 +471,47 @@ def test_cancel_stream_cancels_a_job_taken_from_the_queue_but_not_started_yet() 
     assert counts == [1]
     assert cb.statuses() == ["cancelled"]
     pool.shutdown()
+
+
+def test_a_call_left_for_the_pool_runs_on_its_thread_and_force_flush_waits_for_what_it_submits() -> None:
+    """A stream leaves its checkpoints' spans and requests to the pool's thread (see ``call_soon``): a
+    flush that returned before that call ran would miss the requests it makes."""
+    pool = JudgePool()  # no job yet: the call starts the pool's thread
+    cb = Collector()
+    ran: list[str] = []
+
+    def work() -> None:
+        ran.append(threading.current_thread().name)
+        time.sleep(0.05)  # the flush below is already waiting
+        pool.submit(job(KeywordJudge(), cb))
+
+    pool.call_soon(work)
+    assert pool.force_flush(5_000)
+    assert ran == ["streamjudge-judge-pool"]
+    assert cb.statuses() == ["judged"]
+    pool.shutdown()
+
+
+def test_a_call_left_for_the_pool_that_fails_is_logged_and_the_pool_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pool = JudgePool()
+    cb = Collector()
+
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    pool.call_soon(broken)
+    pool.submit(job(KeywordJudge(), cb))
+    assert pool.force_flush(5_000)
+    assert cb.statuses() == ["judged"]
+    assert "a call left for the judge pool failed" in caplog.text
+    pool.shutdown()
+
+
+def test_a_call_left_for_a_shut_down_pool_runs_at_once_on_the_callers_thread() -> None:
+    pool = JudgePool()
+    pool.shutdown()
+    ran: list[str] = []
+    pool.call_soon(lambda: ran.append(threading.current_thread().name))
+    assert ran == [threading.current_thread().name]

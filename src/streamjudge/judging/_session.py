@@ -113,12 +113,13 @@ class GuardSession:
     __slots__ = ("_attributes", "_backend", "_checkpoints", "_defer", "_ended", "_failed", "_final",
                  "_final_set", "_final_value", "_finished", "_first_alert_char", "_first_ns", "_good",
                  "_held", "_holding", "_inbox", "_join", "_judged_any", "_judging", "_late", "_n_alerts",
-                 "_n_regenerations", "_n_tokens", "_name", "_next_index", "_notify", "_opened", "_order",
-                 "_out", "_parent", "_pending", "_preflight_due", "_probe", "_recording", "_regenerate",
-                 "_requests", "_scanning", "_session_id", "_skip_checks", "_skips", "_span", "_span_id",
-                 "_start_ns", "_stream_hex", "_text", "_to_send", "_trace_id", "_ttft_ms", "_unjudged_status",
-                 "_verdict", "_window_start_ns", "_windows", "contexts", "has_events", "hold_back",
-                 "preflight_pending", "question", "reference", "regen_request", "settings", "stopped")
+                 "_n_regenerations", "_n_tokens", "_name", "_next_index", "_notify", "_off_items",
+                 "_off_lock", "_off_ok", "_opened", "_order", "_out", "_parent", "_pending", "_preflight_due",
+                 "_probe", "_recording", "_regenerate", "_requests", "_scanning", "_session_id",
+                 "_skip_checks", "_skips", "_span", "_span_id", "_start_ns", "_stream_hex", "_text",
+                 "_to_send", "_trace_id", "_ttft_ms", "_unjudged_status", "_verdict", "_window_start_ns",
+                 "_windows", "contexts", "has_events", "hold_back", "preflight_pending", "question",
+                 "reference", "regen_request", "settings", "stopped")
 
     def __init__(
         self,
@@ -186,6 +187,11 @@ class GuardSession:
         # for the cyclic GC per live stream (most streams never have either for most of their life)
         self._to_send: list[tuple[Window, int, int, bool]] | None = None
         self._preflight_due: JudgeRequest | None = None  # made, not sent yet (see _preflight)
+        # windows whose span and request the judge pool's thread makes (see _send_off): where start() found
+        # the spans can be made ended; the queue and its lock are made by the first such window
+        self._off_ok = False
+        self._off_items: deque[tuple[Window, int, int, int, bool]] | None = None
+        self._off_lock: threading.Lock | None = None
         # verdicts from the pool's thread
         self._inbox: deque[Verdict] | None = None  # made by start() for a judged stream
         self._notify: Callable[[], None] | None = None
@@ -349,6 +355,7 @@ class GuardSession:
             self._inbox = deque()
             self._good = PassedPrefix()
             self._requests_of()
+            self._off_ok = ended is not None and ended.usable()
         self._hold_tokens()
         if self._judging:
             self._opened = True
@@ -509,7 +516,10 @@ class GuardSession:
         if self._finished:
             return []
         self._finished = True
-        self._send_deferred()  # checkpoint spans end before their stream span
+        # checkpoint spans end before their stream span: those the pool's thread has not made yet are made
+        # here (and one it is making is waited for)
+        self._send_deferred()
+        self._send_off()
         span = self._span
         if span is None:
             return [StreamEvent("done", data={"verdict": "unjudged"})]
@@ -590,6 +600,7 @@ class GuardSession:
         """Let checkpoint requests go out via ``schedule`` (e.g. ``loop.call_soon``) instead of inline."""
         if schedule is None:
             self._send_deferred()
+            self._send_off()  # inline sends from here on go after the windows before them
         self._defer = schedule
         self._hold_tokens()
 
@@ -608,6 +619,7 @@ class GuardSession:
         if self._finished or self._span is None:
             return
         self._send_deferred()
+        self._send_off()  # every checkpoint sent has its span, and its request is cancelled below
         cancelled = self._backend.service.cancel_stream(self._span_id)
         self._checkpoints.clear()
         if error is not None:
@@ -710,10 +722,34 @@ class GuardSession:
             request, self._preflight_due = self._preflight_due, None
             self._backend.service.submit(request)
         to_send, self._to_send = self._to_send, None
-        if to_send:
-            now = time.time_ns()
+        if not to_send:
+            return
+        now = time.time_ns()
+        if not self._off_ok:
             for window, index, started, final in to_send:
                 self._send(window, index, started, now, final)
+            return
+        # the spans and requests are made on the judge pool's thread, which runs that path back to back
+        # for every stream, next to the judging it leads to. Made here, between two tokens of the app's own
+        # work, each checkpoint's path ran with its code and data out of the cache: in benchmarks/run.py's
+        # loop-pass streams it cost 58-70 us a checkpoint on the app's loop, against ~15 us in a tight loop
+        items = self._off_items
+        if items is None:
+            items = self._off_items = deque()
+            self._off_lock = threading.Lock()
+        for window, index, started, final in to_send:
+            items.append((window, index, started, now, final))
+        self._backend.service.call_soon(self._send_off)
+
+    def _send_off(self) -> None:
+        """Make the spans and requests of the windows :meth:`_send_deferred` queued, in order: on the judge
+        pool's thread, or on the stream's own when it ends (its lock waits for one the pool is making)."""
+        items, lock = self._off_items, self._off_lock
+        if items is None or lock is None:
+            return
+        with lock:
+            while items:
+                self._send(*items.popleft())
 
     def _send(self, window: Window, index: int, start_ns: int, end_ns: int, final: bool) -> None:
         """Make the checkpoint span and send its request to the judging service."""

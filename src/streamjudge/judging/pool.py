@@ -333,7 +333,8 @@ class JudgePool:
         self._taken: JudgeJob | None = None
         self._cancel_taken = False
         self._active = 0  # taken off the queue (or decided at submit), outcome not yet delivered
-        self._deferred: deque[tuple[JudgeJob, JobOutcome]] = deque()
+        # outcomes decided off the pool's thread, and calls left for it (see call_soon), in order
+        self._deferred: deque[tuple[JudgeJob, JobOutcome] | Callable[[], None]] = deque()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0  # the ident of the thread that runs it
@@ -445,12 +446,33 @@ class JudgePool:
     def _defer_locked(self, job: JudgeJob, outcome: JobOutcome) -> bool:
         """With the lock held: leave ``outcome`` for the dispatcher to deliver. False when the caller must
         deliver it itself (no live dispatcher, or past a queue's worth of undelivered outcomes)."""
+        return self._leave_locked((job, outcome))
+
+    def _leave_locked(self, entry: tuple[JudgeJob, JobOutcome] | Callable[[], None]) -> bool:
         if (self._thread is None or not self._thread.is_alive() or self._closed
                 or len(self._deferred) >= self._queue_size):
             return False
-        self._deferred.append((job, outcome))
-        self._active += 1
+        self._deferred.append(entry)
+        self._active += 1  # force_flush waits for it as for a job
         return True
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the pool's thread before it takes its next job, or here and now when no dispatcher
+        can (none alive, shut down, too much left for it). :meth:`force_flush` waits for it as for a job.
+
+        For work a stream would otherwise do on its own thread between two tokens (a checkpoint's span and
+        request): the pool's thread runs it next to the judging it leads to, with that path's code and data
+        still in its cache. ``fn`` must not block, and whatever it submits counts before it stops counting."""
+        with self._lock:
+            if not self._closed:
+                self._ensure_worker()
+            left = self._leave_locked(fn)
+        if not left:
+            fn()
+            return
+        # as for a job (see submit): with calls out that come back soon, their next reply runs it
+        if not (self._calls and self._call_s < _REPLY_SOON_S):
+            self._wake_if_sleeping()
 
     def _wake_if_sleeping(self) -> None:
         bell = self._bell
@@ -466,7 +488,7 @@ class JudgePool:
     def _wake_for_queued(self) -> None:
         # after a _Call ended (on the pool's loop), or at the sweep: a job submit() queued without waking the
         # sleeping dispatcher (a call was out) is taken now
-        if not self._sleeping or not (self._queue or self._later):
+        if not self._sleeping or not (self._queue or self._later or self._deferred):
             return
         wake = self._wake
         if wake is not None and threading.get_ident() == self._loop_thread:
@@ -574,10 +596,16 @@ class JudgePool:
     def _deliver_deferred(self) -> None:
         while self._deferred:
             try:
-                job, outcome = self._deferred.popleft()
+                entry = self._deferred.popleft()
             except IndexError:
                 break
-            self._finish(job, outcome)
+            if isinstance(entry, tuple):
+                self._finish(*entry)
+            else:
+                try:
+                    entry()
+                except Exception:  # a broken call must not kill the pool thread
+                    _log.exception("streamjudge: a call left for the judge pool failed")
             with self._lock:
                 self._active -= 1
                 self._notify_if_idle()

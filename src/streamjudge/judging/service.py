@@ -102,6 +102,11 @@ class JudgingService:
             return False
         return self.pool.submit(self._job(request, judge))
 
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (quick, non-blocking work that leads to requests) on the judge pool's thread; see
+        :meth:`~streamjudge.judging.pool.JudgePool.call_soon`."""
+        self.pool.call_soon(fn)
+
     def skip(self, request: JudgeRequest, reason: str) -> None:
         """Record that ``request`` is not judged (the stream decided so): its span says why."""
         self.processor.expect(request.target_span_id)
