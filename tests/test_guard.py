@@ -607,21 +607,23 @@ class _HeldPoolJudge(KeywordJudge):
         return self._score(item, metrics)
 
 
+@pytest.mark.parametrize("sync", [False, True], ids=["on-a-loop", "sync-source"])
 @pytest.mark.parametrize("leave", [False, True], ids=["ends", "client-leaves"])
 def test_checkpoints_a_busy_pool_has_not_made_are_made_before_the_stream_span_ends(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch, leave: bool
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, leave: bool, sync: bool
 ) -> None:
-    # a stream on a loop leaves its checkpoints' spans and requests to the pool's thread; here that thread
-    # is held by the first judge call, so the later ones are still waiting for it when the stream ends (or
-    # its client leaves): the stream makes them itself, before its own span ends, and a client that left
-    # has their requests cancelled
+    # a stream (on a loop, or a sync source without one) leaves its checkpoints' spans and requests to the
+    # pool's thread; here that thread is held by the first judge call, so the later ones are still waiting
+    # for it when the stream ends (or its client leaves): the stream makes them itself, in order, before
+    # its own span ends, and a client that left has their requests cancelled
     gate = threading.Event()
     rt = harness.configure(_HeldPoolJudge(gate), window_sentences=1, preflight=False, end_wait_s=0.0)
-    ended: list[tuple[str, bool]] = []  # span name, ended on the pool's thread
+    ended: list[tuple[str, bool, Any]] = []  # span name, ended on the pool's thread, checkpoint index
     real_on_end = JudgeSpanProcessor.on_end
 
     def on_end(self: JudgeSpanProcessor, span: Any) -> None:
-        ended.append((span.name, threading.get_ident() == rt.service.pool._loop_thread))
+        on_pool = threading.get_ident() == rt.service.pool._loop_thread
+        ended.append((span.name, on_pool, span.attributes.get(semconv.CHECKPOINT_INDEX)))
         real_on_end(self, span)
 
     monkeypatch.setattr(JudgeSpanProcessor, "on_end", on_end)
@@ -635,14 +637,33 @@ def test_checkpoints_a_busy_pool_has_not_made_are_made_before_the_stream_span_en
                 break
         await agen.aclose()
 
+    def words_sync() -> Iterator[str]:
+        for w in (GOOD * 2).split(" "):
+            yield w + " "
+            time.sleep(0.002)
+
+    def main_sync() -> None:
+        gen = iter(guard(words_sync(), question="sky", contexts=CONTEXTS))
+        n = 0
+        for ev in gen:
+            n += ev.type == "token"
+            if leave and n == 20:
+                break
+        gen.close()  # type: ignore[attr-defined]
+
     try:
-        asyncio.run(main())
+        if sync:
+            main_sync()
+        else:
+            asyncio.run(main())
     finally:
         gate.set()
-    names = [name for name, _ in ended]
+    names = [name for name, _, _ in ended]
     assert names[-1] == semconv.SPAN_STREAM, names
-    made = [on_pool for name, on_pool in ended if name == semconv.SPAN_CHECKPOINT]
+    made = [on_pool for name, on_pool, _ in ended if name == semconv.SPAN_CHECKPOINT]
     assert made[0] and not all(made), ended  # the pool made the first; the stream, those it had not
+    order = [index for name, _, index in ended if name == semconv.SPAN_CHECKPOINT]
+    assert order == sorted(order), order
     spans = harness.spans()
     stream = by_name(spans, semconv.SPAN_STREAM)[0]
     cps = by_name(spans, semconv.SPAN_CHECKPOINT)

@@ -600,7 +600,6 @@ class GuardSession:
         """Let checkpoint requests go out via ``schedule`` (e.g. ``loop.call_soon``) instead of inline."""
         if schedule is None:
             self._send_deferred()
-            self._send_off()  # inline sends from here on go after the windows before them
         self._defer = schedule
         self._hold_tokens()
 
@@ -688,7 +687,10 @@ class GuardSession:
             self._checkpoints[index] = _Checkpoint(index, window.start, end,
                                                    window.tokens if self.hold_back else None)
         if self._defer is None:
-            self._send(window, index, started, now, final)
+            if self._off_ok:  # behind the windows already queued for the pool's thread, as they came
+                self._send_later(((window, index, started, final),), now)
+            else:
+                self._send(window, index, started, now, final)
         else:
             # the span and the request (-> judge pool, which wakes the pool's thread) are made right after
             # this token went out, while the stream waits for the next one, not inside its gap
@@ -728,21 +730,26 @@ class GuardSession:
         if not self._off_ok:
             for window, index, started, final in to_send:
                 self._send(window, index, started, now, final)
-            return
+        else:
+            self._send_later(to_send, now)
+
+    def _send_later(self, windows: Iterable[tuple[Window, int, int, bool]], end_ns: int) -> None:
         # the spans and requests are made on the judge pool's thread, which runs that path back to back
-        # for every stream, next to the judging it leads to. Made here, between two tokens of the app's own
-        # work, each checkpoint's path ran with its code and data out of the cache: in benchmarks/run.py's
-        # loop-pass streams it cost 58-70 us a checkpoint on the app's loop, against ~15 us in a tight loop
+        # for every stream, next to the judging it leads to. Made on the stream's thread, between two
+        # tokens of the app's own work, each checkpoint's path ran with its code and data out of the cache:
+        # in benchmarks/run.py's loop-pass streams it cost 58-70 us a checkpoint on the app's loop, against
+        # ~15 us in a tight loop. Windows closed without a scheduler (a sync source, a callback) queue here
+        # too, so the spans are made in the order their windows closed
         items = self._off_items
         if items is None:
             items = self._off_items = deque()
             self._off_lock = threading.Lock()
-        for window, index, started, final in to_send:
-            items.append((window, index, started, now, final))
+        for window, index, started, final in windows:
+            items.append((window, index, started, end_ns, final))
         self._backend.service.call_soon(self._send_off)
 
     def _send_off(self) -> None:
-        """Make the spans and requests of the windows :meth:`_send_deferred` queued, in order: on the judge
+        """Make the spans and requests of the windows :meth:`_send_later` queued, in order: on the judge
         pool's thread, or on the stream's own when it ends (its lock waits for one the pool is making)."""
         items, lock = self._off_items, self._off_lock
         if items is None or lock is None:
