@@ -104,7 +104,8 @@ class GuardSession:
     Call :meth:`start`, then :meth:`accept` per token (pass the token on when it returns text and the
     mode is stream-first), :meth:`drain` whenever :attr:`has_events` is true, and :meth:`finish` (or
     :meth:`abort` when the client went away). Not thread-safe except :meth:`post`, which the judging
-    service calls from the judge pool's thread.
+    service calls from the judge pool's thread. That thread also makes the checkpoint spans and requests
+    the session leaves to it, under a lock of their own that :meth:`finish` and :meth:`abort` take too.
     """
 
     # slots: with 60 attributes, past the 30 CPython's shared instance-dict keys hold, each session had a dict
