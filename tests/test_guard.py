@@ -779,7 +779,24 @@ def test_hold_back_never_joins_windows_and_joined_windows_are_capped(harness: Ha
     assert cps[-1].attributes[semconv.CHECKPOINT_CHAR_END] == len(text) + 1
 
 
-def test_verdicts_posted_together_wake_the_waiting_stream_once() -> None:
+def _count_rings(monkeypatch: pytest.MonkeyPatch, waker: Any) -> list[int]:
+    """Counts the writes to the pipe of ``waker``'s loop bell (one per cross-thread wake-up)."""
+    from streamjudge import _wakefd
+
+    fd = waker._bell._fd
+    assert fd is not None
+    rings = [0]
+    real = _wakefd.write_nonblocking
+
+    def counting(target: int, data: Any) -> int:
+        rings[0] += target == fd._w
+        return real(target, data)
+
+    monkeypatch.setattr(_wakefd, "write_nonblocking", counting)
+    return rings
+
+
+def test_verdicts_posted_together_wake_the_waiting_stream_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # the pool often posts several verdicts at once (a merged job's and those it superseded): one
     # cross-thread wake-up of the loop is enough; a verdict after the stream woke wakes it again
     from streamjudge.judging._drivers import AsyncWaker
@@ -787,15 +804,7 @@ def test_verdicts_posted_together_wake_the_waiting_stream_once() -> None:
     async def main() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         waker = AsyncWaker(loop)
-        sent = 0
-        real = loop.call_soon_threadsafe
-
-        def counting(cb: Any, *args: Any) -> Any:
-            nonlocal sent
-            sent += cb == waker._bell._run  # not the thread pool's own hand-backs
-            return real(cb, *args)
-
-        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        rings = _count_rings(monkeypatch, waker)
 
         waiting = asyncio.ensure_future(waker.wait(None, 5.0))
         await asyncio.sleep(0)  # the stream now waits
@@ -804,19 +813,19 @@ def test_verdicts_posted_together_wake_the_waiting_stream_once() -> None:
         for _ in range(5):
             waker.notify()
         await asyncio.wait_for(waiting, 1.0)
-        first = sent
+        first = rings[0]
         waiting = asyncio.ensure_future(waker.wait(None, 5.0))
         await asyncio.sleep(0)
         await asyncio.to_thread(waker.notify)
         await asyncio.wait_for(waiting, 1.0)
-        return first, sent
+        return first, rings[0]
 
     first, total = asyncio.run(main())
     assert first == 1
     assert total == 2
 
 
-def test_verdicts_for_many_streams_posted_together_wake_their_loop_once() -> None:
+def test_verdicts_for_many_streams_posted_together_wake_their_loop_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # a worker's replies for many streams arrive in one read: the pool's thread rings one wake-up for all
     # the streams of a loop (each call_soon_threadsafe is a self-pipe write), and every stream wakes
     from streamjudge.judging._drivers import AsyncWaker
@@ -824,15 +833,7 @@ def test_verdicts_for_many_streams_posted_together_wake_their_loop_once() -> Non
     async def main() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         wakers = [AsyncWaker(loop) for _ in range(20)]
-        sent = 0
-        real = loop.call_soon_threadsafe
-
-        def counting(cb: Any, *args: Any) -> Any:
-            nonlocal sent
-            sent += cb == wakers[0]._bell._run
-            return real(cb, *args)
-
-        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        rings = _count_rings(monkeypatch, wakers[0])
         waiting = [asyncio.ensure_future(w.wait(None, 5.0)) for w in wakers]
         await asyncio.sleep(0)  # every stream now waits
 
@@ -846,13 +847,13 @@ def test_verdicts_for_many_streams_posted_together_wake_their_loop_once() -> Non
         thread.start()
         thread.join(5)
         await asyncio.wait_for(asyncio.gather(*waiting), 1.0)
-        first = sent
+        first = rings[0]
         # and later verdicts ring again
         again = asyncio.ensure_future(wakers[3].wait(None, 5.0))
         await asyncio.sleep(0)
         await asyncio.to_thread(wakers[3].notify)
         await asyncio.wait_for(again, 1.0)
-        return first, sent
+        return first, rings[0]
 
     first, total = asyncio.run(main())
     assert first == 1

@@ -294,3 +294,45 @@ def test_the_judge_pool_runs_on_the_gil_holding_selector() -> None:
         assert isinstance(selector, _wakefd.GilSelector) or _wakefd._epoll is None
     finally:
         pool.shutdown(5_000)
+
+
+# --- a verdict's wake-up of the stream's loop (the judge pool's thread rings it) --------------------------
+
+
+@needs_gil_holding_calls
+def test_a_verdict_rings_a_waiting_loop_without_releasing_the_gil(long_switch_interval: None) -> None:
+    # the pool's thread wakes a stream's loop for its verdicts: through the loop's self-pipe (a socket send)
+    # that released the GIL to the app's thread, which the pool's thread then waited to get back
+    from streamjudge.judging._drivers import _LoopBell
+
+    loop = asyncio.new_event_loop()
+    try:
+        bell = _LoopBell(loop)
+        assert bell._fd is not None
+        waiter = object()
+
+        def ring() -> None:
+            bell._ringing = False  # as after the loop ran the last wake-up
+            bell._due.clear()
+            bell.ring(waiter)  # type: ignore[arg-type]
+
+        if _wakeups_of_a_gil_waiter(lambda: loop.call_soon_threadsafe(lambda: None)) < 25:
+            pytest.skip("this interpreter's GIL release does not wake a waiter: nothing to tell apart")
+        assert _wakeups_of_a_gil_waiter(ring) <= 5
+        # and the loop is woken: it runs the bell's wake-up of what rang it
+        woken: list[object] = []
+        bell._due = [_Waker(woken)]  # type: ignore[list-item]
+        bell._ringing = False
+        bell.ring(_Waker(woken))  # type: ignore[arg-type]
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert len(woken) == 2
+    finally:
+        loop.close()
+
+
+class _Waker:
+    def __init__(self, woken: list[object]) -> None:
+        self.woken = woken
+
+    def _wake(self) -> None:
+        self.woken.append(self)

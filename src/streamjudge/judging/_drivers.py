@@ -17,6 +17,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, G
 from time import perf_counter
 from typing import Any
 
+from streamjudge._wakefd import WakeFd
 from streamjudge.judging._session import GuardSession, StreamEvent, TokenSource
 from streamjudge.results import JudgeResult
 
@@ -31,9 +32,16 @@ class _LoopBell:
     ``call_soon_threadsafe`` writes to the loop's self-pipe on every call; the pool delivers a worker's
     replies for many streams at once, and each waiting stream would cost the pool's thread a syscall (tens
     of µs of CPU on a VM, under the app's GIL) and the loop a read. The streams ring this bell instead.
+
+    Made on the loop's thread. It rings through a pipe of its own (:class:`~streamjudge._wakefd.WakeFd`)
+    whose write keeps the GIL: the self-pipe's socket ``send`` released it, the app's thread took it, and
+    the pool's thread then waited for the loop to give it back (640 µs of the pool's wall time a ring in
+    ``benchmarks/run.py``'s loop-pass streams). The pipe is the bell's, closed only once nothing can ring
+    it; the loop's own socket is closed with the loop, and a ring racing that close could write to a reused
+    descriptor. A loop that cannot watch a descriptor (``add_reader``) is rung as before.
     """
 
-    __slots__ = ("__weakref__", "_due", "_lock", "_loop", "_ringing")
+    __slots__ = ("__weakref__", "_due", "_fd", "_lock", "_loop", "_ringing")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # weakly: the bell is the value of its loop's entry in a WeakKeyDictionary, and a value that held
@@ -42,6 +50,11 @@ class _LoopBell:
         self._due: list[AsyncWaker] = []
         self._ringing = False
         self._lock = threading.Lock()
+        self._fd: WakeFd | None = None
+        try:
+            self._fd = WakeFd(loop, self._run)
+        except (NotImplementedError, OSError):  # a proactor loop; out of descriptors
+            _log.debug("streamjudge: a loop's verdict bell rings through call_soon_threadsafe", exc_info=True)
 
     def ring(self, waker: AsyncWaker) -> None:
         """Wake ``waker`` on its loop (from any thread)."""
@@ -52,9 +65,13 @@ class _LoopBell:
             self._ringing = True
         loop = self._loop()
         try:
-            if loop is None:
+            if loop is None or loop.is_closed():
                 raise RuntimeError("the loop is gone")
-            loop.call_soon_threadsafe(self._run)
+            fd = self._fd
+            if fd is not None:
+                fd.ring()  # a loop that closes after this check reads it never: nobody waits on it then
+            else:
+                loop.call_soon_threadsafe(self._run)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             with self._lock:
                 self._ringing = False
