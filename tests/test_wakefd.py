@@ -336,3 +336,24 @@ class _Waker:
 
     def _wake(self) -> None:
         self.woken.append(self)
+
+
+def test_a_loops_bell_and_its_pipe_go_with_the_loop_without_the_cyclic_gc() -> None:
+    # a bell that its pipe's callback held strongly was a reference cycle: its descriptors stayed open until
+    # the cyclic GC ran, one pair per loop that ever ran a guarded stream (each asyncio.run)
+    import weakref
+
+    from streamjudge.judging._drivers import _LoopBell
+
+    loop = asyncio.new_event_loop()
+    bell = _LoopBell(loop)
+    assert bell._fd is not None
+    bell_gone, pipe_gone = weakref.ref(bell), weakref.ref(bell._fd)
+    loop.close()  # the loop forgets the pipe's reader
+    gc.disable()
+    try:
+        del bell
+        assert bell_gone() is None
+        assert pipe_gone() is None  # and its finalizer closed the pipe
+    finally:
+        gc.enable()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import threading
@@ -52,7 +53,9 @@ class _LoopBell:
         self._lock = threading.Lock()
         self._fd: WakeFd | None = None
         try:
-            self._fd = WakeFd(loop, self._run)
+            # the pipe calls the bell weakly: bell -> pipe -> bound method -> bell would be a cycle that only
+            # the cyclic GC frees, and the pipe's descriptors with it
+            self._fd = WakeFd(loop, functools.partial(_run_bell, weakref.ref(self)))
         except (NotImplementedError, OSError):  # a proactor loop; out of descriptors
             _log.debug("streamjudge: a loop's verdict bell rings through call_soon_threadsafe", exc_info=True)
 
@@ -83,6 +86,12 @@ class _LoopBell:
             self._ringing = False
         for waker in due:
             waker._wake()
+
+
+def _run_bell(ref: weakref.ref[_LoopBell]) -> None:
+    bell = ref()
+    if bell is not None:
+        bell._run()
 
 
 _bells: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBell] = weakref.WeakKeyDictionary()
