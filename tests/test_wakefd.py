@@ -357,3 +357,40 @@ def test_a_loops_bell_and_its_pipe_go_with_the_loop_without_the_cyclic_gc() -> N
         assert pipe_gone() is None  # and its finalizer closed the pipe
     finally:
         gc.enable()
+
+
+def test_a_bell_rung_after_its_loop_closed_keeps_nothing() -> None:
+    # a verdict racing the end of its loop: nobody reads the bell's pipe any more, so the wakers it was
+    # rung for are let go, and the next ring is not taken for one still on its way
+    from streamjudge.judging._drivers import _LoopBell
+
+    loop = asyncio.new_event_loop()
+    bell = _LoopBell(loop)
+    loop.close()
+    bell.ring(_Waker([]))  # type: ignore[arg-type]
+    assert bell._due == [] and not bell._ringing
+
+
+def test_a_loop_that_cannot_watch_a_descriptor_is_rung_through_call_soon_threadsafe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from streamjudge.judging._drivers import _LoopBell
+
+    async def main() -> list[object]:
+        loop = asyncio.get_running_loop()
+
+        def no_readers(*_args: object) -> None:
+            raise NotImplementedError  # as a proactor loop's
+
+        monkeypatch.setattr(loop, "add_reader", no_readers)
+        bell = _LoopBell(loop)
+        assert bell._fd is None
+        woken: list[object] = []
+        await asyncio.to_thread(bell.ring, _Waker(woken))  # type: ignore[arg-type]
+        for _ in range(100):
+            if woken:
+                break
+            await asyncio.sleep(0.01)
+        return woken
+
+    assert len(asyncio.run(main())) == 1

@@ -294,18 +294,24 @@ def _held_pool() -> tuple[JudgePool, HeldJudge, CountedBell, Outcomes]:
     return pool, j, bell, out
 
 
+@pytest.mark.parametrize("via", ["submit", "call_soon"])
 @pytest.mark.parametrize("ends", ["answer", "answer_transient"])
 def test_a_job_queued_while_a_fast_call_is_out_goes_when_that_call_ends_without_a_wake_up(
-    ends: str, monkeypatch: pytest.MonkeyPatch
+    ends: str, via: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the call ends with its reply, or with a transient error (retried in a task: no call out any more, and
-    # no reply to come). The sweep's tick is out of reach: only the call's end can take the job in time
+    # no reply to come). The sweep's tick is out of reach: only the call's end can take the job in time.
+    # The job is submitted, or left to the pool's thread to submit (a stream's checkpoint, see call_soon)
     from streamjudge.judging import pool as pool_module
 
     monkeypatch.setattr(pool_module, "_SWEEP_S", 30.0)
     pool, j, bell, out = _held_pool()
     try:
-        out.submit(pool, j, [EvalInput(QUESTION, CONTEXTS, "next", "checkpoint")])
+        nxt = [EvalInput(QUESTION, CONTEXTS, "next", "checkpoint")]
+        if via == "submit":
+            out.submit(pool, j, nxt)
+        else:
+            pool.call_soon(lambda: out.submit(pool, j, nxt))
         time.sleep(0.01)
         assert j.begun == ["first", "held"]  # it waits for the call out: no wake-up came
         getattr(j, ends)()

@@ -517,10 +517,7 @@ class GuardSession:
         if self._finished:
             return []
         self._finished = True
-        # checkpoint spans end before their stream span: those the pool's thread has not made yet are made
-        # here (and one it is making is waited for)
-        self._send_deferred()
-        self._send_off()
+        self._send_all()  # checkpoint spans end before their stream span
         span = self._span
         if span is None:
             return [StreamEvent("done", data={"verdict": "unjudged"})]
@@ -618,8 +615,7 @@ class GuardSession:
         """The consumer went away or the source failed: cancel queued judge work, end the span."""
         if self._finished or self._span is None:
             return
-        self._send_deferred()
-        self._send_off()  # every checkpoint sent has its span, and its request is cancelled below
+        self._send_all()  # every checkpoint sent has its span, and its request is cancelled below
         cancelled = self._backend.service.cancel_stream(self._span_id)
         self._checkpoints.clear()
         if error is not None:
@@ -733,6 +729,12 @@ class GuardSession:
                 self._send(window, index, started, now, final)
         else:
             self._send_later(to_send, now)
+
+    def _send_all(self) -> None:
+        """Every closed window's span and request, made now: those waiting for the loop's next pass, and
+        those the pool's thread has not made yet (one it is making is waited for)."""
+        self._send_deferred()
+        self._send_off()
 
     def _send_later(self, windows: Iterable[tuple[Window, int, int, bool]], end_ns: int) -> None:
         # the spans and requests are made on the judge pool's thread, which runs that path back to back

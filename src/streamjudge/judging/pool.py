@@ -404,7 +404,7 @@ class JudgePool:
                     # job: deferred after the lock, the dispatcher could take the merged job, finish it and
                     # fall asleep in between, and nothing would wake it for this outcome (its stream then
                     # waited out end_wait_s for the verdict, force_flush its whole deadline)
-                    superseded_waits = self._defer_locked(superseded, JobOutcome("superseded"))
+                    superseded_waits = self._leave_locked((superseded, JobOutcome("superseded")))
                 elif self._queued >= self._queue_size or (
                     self._max_queue_bytes and self._queued_bytes + job.size > self._max_queue_bytes
                 ):
@@ -427,9 +427,7 @@ class JudgePool:
         if refused is not None:
             self._finish_later(job, JobOutcome(refused))
             return False
-        # a sleeping dispatcher with calls out that come back soon takes the job with their next reply
-        if not (self._calls and self._call_s < _REPLY_SOON_S):
-            self._wake_if_sleeping()
+        self._wake_unless_a_reply_comes_soon()
         return True
 
     def _finish_later(self, job: JudgeJob, outcome: JobOutcome) -> None:
@@ -437,18 +435,15 @@ class JudgePool:
         # pool's thread like all others: their callbacks (span enrichment, export) then cost the caller -
         # usually the thread streaming tokens - nothing, and count against the pool's CPU share
         with self._lock:
-            alive = self._defer_locked(job, outcome)
+            alive = self._leave_locked((job, outcome))
         if alive:
             self._wake_if_sleeping()
         else:
             self._finish(job, outcome)
 
-    def _defer_locked(self, job: JudgeJob, outcome: JobOutcome) -> bool:
-        """With the lock held: leave ``outcome`` for the dispatcher to deliver. False when the caller must
-        deliver it itself (no live dispatcher, or past a queue's worth of undelivered outcomes)."""
-        return self._leave_locked((job, outcome))
-
     def _leave_locked(self, entry: tuple[JudgeJob, JobOutcome] | Callable[[], None]) -> bool:
+        """With the lock held: leave a job's outcome for the dispatcher to deliver, or a call for it to run.
+        False when the caller must do it itself (no live dispatcher, or past a queue's worth left)."""
         if (self._thread is None or not self._thread.is_alive() or self._closed
                 or len(self._deferred) >= self._queue_size):
             return False
@@ -470,7 +465,12 @@ class JudgePool:
         if not left:
             fn()
             return
-        # as for a job (see submit): with calls out that come back soon, their next reply runs it
+        self._wake_unless_a_reply_comes_soon()
+
+    def _wake_unless_a_reply_comes_soon(self) -> None:
+        # after a job or a call was left for a sleeping dispatcher: while calls are out to a worker that
+        # answers them this fast, their next reply (or the sweep) takes it, without a wake-up's syscall and
+        # GIL hand-off on the caller's thread - the app's, streaming tokens
         if not (self._calls and self._call_s < _REPLY_SOON_S):
             self._wake_if_sleeping()
 
