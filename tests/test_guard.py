@@ -321,6 +321,67 @@ def test_sync_iterator(harness: Harness) -> None:
     assert events[-1].type == "done"
 
 
+class _Marked(str):
+    """A token type of the app's own (a str subclass): its events keep it."""
+
+
+@pytest.mark.parametrize("sample_rate", [1.0, 0.0])
+@pytest.mark.parametrize("at_hand", [True, False])
+def test_short_tokens_share_one_event_across_streams_and_the_rest_keep_their_own(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, sample_rate: float, at_hand: bool
+) -> None:
+    from streamjudge.judging import _session
+
+    harness.configure(SyncKeywordJudge(), sample_rate=sample_rate)
+    monkeypatch.setattr(_session, "_TOKEN_EVENTS", {})  # the drivers look it up through their import
+    from streamjudge.judging import _drivers
+
+    monkeypatch.setattr(_drivers, "_TOKEN_EVENTS", _session._TOKEN_EVENTS)
+    long = "x" * (_session._TOKEN_EVENT_CHARS + 1)
+    tokens = ["The ", "sky ", long, _Marked("is "), "blue. "]
+
+    async def source() -> AsyncIterator[str]:
+        for t in tokens:
+            if not at_hand:
+                await asyncio.sleep(0)
+            yield t
+
+    first, second = (
+        [e for e in run(guard(source(), question="sky", contexts=CONTEXTS)) if e.type == "token"]
+        for _ in range(2)
+    )
+    sync = [e for e in guard(iter(tokens), question="sky", contexts=CONTEXTS) if e.type == "token"]
+    for events in (first, second, sync):
+        assert events == [StreamEvent("token", t) for t in tokens]
+        assert type(events[3].text) is _Marked  # not swapped for an equal str's event
+    for i in (0, 1, 4):  # short plain tokens: the one event of their text
+        assert first[i] is second[i] is sync[i]
+    for i in (2, 3):  # a long token, a subclass: their own
+        assert first[i] is not second[i]
+    assert set(_session._TOKEN_EVENTS) == {"The ", "sky ", "blue. "}
+
+
+def test_the_shared_token_events_stay_within_their_bound(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamjudge.judging import _drivers, _session
+
+    harness.configure(SyncKeywordJudge())
+    monkeypatch.setattr(_session, "_TOKEN_EVENTS", {})
+    monkeypatch.setattr(_drivers, "_TOKEN_EVENTS", _session._TOKEN_EVENTS)
+    monkeypatch.setattr(_session, "_TOKEN_EVENTS_MAX", 8)
+    sizes: list[int] = []
+
+    async def source() -> AsyncIterator[str]:
+        for i in range(50):
+            yield f"w{i} "
+            sizes.append(len(_session._TOKEN_EVENTS))
+
+    events = run(guard(source(), question="sky", contexts=CONTEXTS))
+    assert text_of(events) == "".join(f"w{i} " for i in range(50))
+    assert max(sizes) == 8  # emptied when full, and filled again by the tokens after
+
+
 def test_bad_tokens_are_skipped_or_decoded_never_crash(harness: Harness) -> None:
     harness.configure(SyncKeywordJudge())
     euro = "€".encode()

@@ -19,12 +19,10 @@ from time import perf_counter
 from typing import Any
 
 from streamjudge._wakefd import WakeFd
-from streamjudge.judging._session import GuardSession, StreamEvent, TokenSource
+from streamjudge.judging._session import _TOKEN_EVENTS, GuardSession, StreamEvent, TokenSource, token_event
 from streamjudge.results import JudgeResult
 
 _log = logging.getLogger(__name__)
-
-_new_event = tuple.__new__
 
 
 class _LoopBell:
@@ -461,7 +459,8 @@ class GuardedStream:
                     await wait_step(step, waker, deadline - loop.time())
                     for ev in s.drain():
                         yield ev
-            new_event = _new_event
+            # a token's event: the shared one of its text where there is one (see token_event), looked up here
+            shared = _TOKEN_EVENTS.get
             if step is None and not s.judging and not hold and not s.stopped and not s.has_events:
                 # nothing will judge this stream (sampled out, skipped at start), so no verdict can come
                 # and a token needs no more than the text kept for the answer span: after the first one
@@ -482,13 +481,13 @@ class GuardedStream:
                         text = tok if isinstance(tok, str) else None
                     sink = s.passthrough_sink()
                     if text is not None:
-                        yield new_event(StreamEvent, ("token", text, None))
+                        yield token_event(text)
                 try:
                     async for tok in source:
                         if sink is not None and tok.__class__ is str and tok and tok.isascii():
                             sink.append(tok)
                             plain += 1
-                            yield new_event(StreamEvent, ("token", tok, None))
+                            yield shared(tok) or token_event(tok)
                             continue
                         s.passed(plain)
                         plain = 0
@@ -500,7 +499,7 @@ class GuardedStream:
                         if sink is None:
                             sink = s.passthrough_sink()
                         if text is not None:
-                            yield new_event(StreamEvent, ("token", text, None))
+                            yield token_event(text)
                 finally:
                     s.passed(plain)
                 source = _EXHAUSTED  # the source ended: the loop below goes straight to the end
@@ -584,7 +583,7 @@ class GuardedStream:
                             slow = perf_counter() - t0 > _RACE_GAP_S
                     if broken:
                         if isinstance(tok, str) and tok:
-                            yield new_event(StreamEvent, ("token", tok, None))
+                            yield token_event(tok)
                         continue
                     if s._holding and tok.__class__ is str and tok and tok.isascii() and s._n_tokens:
                         # a burst: the session holds its tokens for the scan its deferred work runs on the
@@ -598,7 +597,7 @@ class GuardedStream:
                         held: list[str] = s._held  # type: ignore[assignment]
                         held.append(tok)
                         burst = 1
-                        yield new_event(StreamEvent, ("token", tok, None))
+                        yield shared(tok) or token_event(tok)
                         if deferred:
                             call_soon(deferred.pop())  # the pass that ends the burst runs the deferred work
                         tok = _NO_TOKEN
@@ -607,7 +606,7 @@ class GuardedStream:
                                     and not s.has_events):
                                 held.append(tok)
                                 burst += 1
-                                yield new_event(StreamEvent, ("token", tok, None))
+                                yield shared(tok) or token_event(tok)
                                 continue
                             break
                         else:
@@ -626,8 +625,8 @@ class GuardedStream:
                         text = tok if isinstance(tok, str) else None
                         hold = False
                     if text is not None and not hold:
-                        # tuple.__new__ skips NamedTuple's Python-level __new__: this runs per token
-                        yield new_event(StreamEvent, ("token", text, None))
+                        # this runs per token: a str subclass gets an event of its own (see token_event)
+                        yield (shared(text) if text.__class__ is str else None) or token_event(text)
                 if step is not None:
                     step.abandon()
                     step = None
@@ -693,7 +692,7 @@ class GuardedStream:
                         break
                     text = s.accept(tok)
                     if text is not None and not s.hold_back:
-                        yield StreamEvent("token", text)
+                        yield token_event(text)
                 if s.stopped:
                     outcome = "stopped"
                     break
