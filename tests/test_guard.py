@@ -568,7 +568,15 @@ def test_a_fast_source_is_timed_on_a_sample_of_its_tokens(
 
     monkeypatch.setattr(_drivers, "perf_counter", counting)
     text = GOOD * 20
-    events = run(guard(words(text), question="sky", contexts=CONTEXTS))
+
+    async def fast() -> AsyncIterator[str]:
+        # a loop pass before each token, as a model read over the network: each window goes out on its own
+        # while the tokens after it come (a source with all its tokens at hand sends them before any)
+        for w in text.split(" "):
+            await asyncio.sleep(0)
+            yield w + " "
+
+    events = run(guard(fast(), question="sky", contexts=CONTEXTS))
     tokens = sum(1 for e in events if e.type == "token")
     assert tokens == len(text.split(" "))
     # two readings per timed token; one token in _GAP_SAMPLE is timed
@@ -790,13 +798,15 @@ def _count_feeds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return fed
 
 
+@pytest.mark.parametrize("preflight", [True, False])
 def test_a_burst_is_scanned_for_sentences_once_when_the_loop_runs(
-    harness: Harness, monkeypatch: pytest.MonkeyPatch
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, preflight: bool
 ) -> None:
     # every token at hand: the pre-flight request waits for the loop's next pass, and the tokens' sentence
-    # work waits with it. The tokens go out untouched, and the windows are found in one scan of their text,
-    # the same sentences as feeding token by token
-    harness.configure(SyncKeywordJudge(), window_sentences=1)
+    # work waits with it (without a pre-flight request, the same from the first token). The tokens go out
+    # untouched, and the windows are found in one scan of their text, the same sentences as feeding token
+    # by token
+    harness.configure(SyncKeywordJudge(), window_sentences=1, preflight=preflight)
     fed = _count_feeds(monkeypatch)
     text = GOOD * 5
     events = run(guard(words(text), question="sky", contexts=CONTEXTS))

@@ -214,7 +214,7 @@ class GuardSession:
         # made by the first window that waits, as the outbox below by the first event: each is a list fewer
         # for the cyclic GC per live stream (most streams never have either for most of their life)
         self._to_send: list[tuple[Window, int, int, bool]] | None = None
-        self._preflight_due: JudgeRequest | None = None  # made, not sent yet (see _preflight)
+        self._preflight_due = False  # asked for, not made and sent yet (see _preflight)
         # windows whose span and request the judge pool's thread makes (see _send_off): where start() found
         # the spans can be made ended; the queue and its lock are made by the first such window
         self._off_ok = False
@@ -331,6 +331,8 @@ class GuardSession:
         # where nobody could tell the difference, the SDK's span without its start hooks (see LiveSpan)
         ended = self._ended
         span = ended.start(self._name, self._parent, attrs, self._start_ns) if ended is not None else None
+        # made by ``ended``: it was usable, so the checkpoints' spans can be made ended too (see _send_later)
+        off_ok = span is not None
         if span is None:
             span = backend.tracer.start_span(self._name, context=self._parent, attributes=attrs,
                                              start_time=self._start_ns)
@@ -383,7 +385,7 @@ class GuardSession:
             self._inbox = deque()
             self._good = PassedPrefix()
             self._requests_of()
-            self._off_ok = ended is not None and ended.usable()
+            self._off_ok = off_ok
         self._hold_tokens()
         if self._judging:
             self._opened = True
@@ -391,6 +393,13 @@ class GuardSession:
             self._join = not self.hold_back and backend.service.scores_sentences("checkpoint")
             if settings.preflight:
                 self._preflight()
+            if self._held is not None and not self._holding:
+                # no pre-flight request waits for the loop's next pass (none asked for, or no contexts to
+                # ask about): the first tokens wait for it all the same, as a burst's do (see accept). A
+                # source with its tokens at hand then sends them with a list append each, not a sentence
+                # scan each until the first window closes (~0.25 µs a token, benchmarks/run.py's answers)
+                self._defer(self._send_deferred)  # type: ignore[misc]
+                self._holding = True
         return self._take()
 
     def prepare_late_start(self) -> bool:
@@ -441,17 +450,17 @@ class GuardSession:
             self._record_skip("preflight", "contexts_unknown")
             return
         self.preflight_pending = True
-        request = self._request("preflight", "")
         if self._defer is None or self.preflight_blocks:
-            self._backend.service.submit(request)
+            self._backend.service.submit(self._request("preflight", ""))
             return
-        # sent once the driver waits for the first token (as checkpoint requests are, see _close_checkpoint):
-        # submitted here, the pool's thread would wake and judge it (index the contexts) under the GIL while
-        # the loop is still busy starting the stream; a source that is slow to its first token (any model)
-        # lets it go out at once, before that token
-        if not self._to_send and self._preflight_due is None:
+        # made and sent once the driver waits for the first token (as checkpoint requests are, see
+        # _close_checkpoint): submitted here, the pool's thread would wake and judge it (index the contexts)
+        # under the GIL while the loop is still busy starting the stream; a source that is slow to its first
+        # token (any model) lets it go out at once, before that token. Made then too: a source with its
+        # tokens at hand sends them all before, and the request is not theirs to wait for
+        if not self._to_send and not self._preflight_due:
             self._defer(self._send_deferred)
-        self._preflight_due = request
+        self._preflight_due = True
         self._holding = self._held is not None
 
     @property
@@ -719,7 +728,7 @@ class GuardSession:
             # the span and the request (-> judge pool, which wakes the pool's thread) are made right after
             # this token went out, while the stream waits for the next one, not inside its gap
             if not self._scanning:
-                if not self._to_send and self._preflight_due is None:
+                if not self._to_send and not self._preflight_due:
                     self._defer(self._send_deferred)
                 self._holding = self._held is not None
             if self._to_send is None:
@@ -744,9 +753,9 @@ class GuardSession:
 
     def _send_deferred(self) -> None:
         self._scan_held()
-        if self._preflight_due is not None:
-            request, self._preflight_due = self._preflight_due, None
-            self._backend.service.submit(request)
+        if self._preflight_due:
+            self._preflight_due = False
+            self._backend.service.submit(self._request("preflight", ""))
         to_send, self._to_send = self._to_send, None
         if not to_send:
             return
