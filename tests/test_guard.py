@@ -819,6 +819,104 @@ def test_a_burst_is_scanned_for_sentences_once_when_the_loop_runs(
     assert sum(c.attributes[semconv.CHECKPOINT_SENTENCES] for c in cps) == len(split_sentences(text))
 
 
+@pytest.mark.parametrize("consumer", ["async for", "a span per step"])
+def test_tokens_at_hand_go_out_before_the_stream_starts_and_the_start_takes_them(
+    harness: Harness, consumer: str
+) -> None:
+    # the first tokens are at hand (a replayed answer, a chunk of many tokens): they go out before the
+    # stream's start, which runs when the loop next does; the stream is then the same as if it had started
+    # first: one span under the request, every token counted and judged, its sentences named
+    rt = harness.configure(KeywordJudge(), window_sentences=1)
+    at_hand = BAD.split(" ")[:6]  # "The sky is blue. Grass is": ends mid-sentence
+    rest = ["green. ", "Then ", "HALLUCINATED ", "facts ", "appear. ", "Déjà ", "vu. "]
+
+    async def source() -> AsyncIterator[str]:
+        for w in at_hand:
+            yield w + " "
+        if consumer == "async for":
+            await asyncio.sleep(0)  # the loop's pass: the stream starts
+        for w in rest:  # else the start comes with "Déjà ", a token of another kind (not ASCII)
+            yield w
+            if consumer == "async for":
+                await asyncio.sleep(0.002)
+
+    started: list[bool] = []
+
+    async def consume() -> list[StreamEvent]:
+        tracer = rt.tracer_provider.get_tracer("app")
+        with tracer.start_as_current_span("request"):
+            stream = guard(source(), question="sky", contexts=CONTEXTS)
+            out = []
+            if consumer == "async for":
+                async for ev in stream:
+                    if ev.type == "token":
+                        started.append(stream.session.span is not None)
+                    with tracer.start_as_current_span("send"):  # the consumer's own span, per event
+                        out.append(ev)
+                return out
+            steps = aiter(stream)
+            while True:
+                # each step under a span of the consumer's: the stream belongs under the first, where it
+                # began, as when it started on its first step
+                with tracer.start_as_current_span("send"):
+                    try:
+                        ev = await anext(steps)
+                    except StopAsyncIteration:
+                        return out
+                if ev.type == "token":
+                    started.append(stream.session.span is not None)
+                out.append(ev)
+
+    events = asyncio.run(consume())
+    text = "".join(w + " " for w in at_hand) + "".join(rest)
+    assert text_of(events) == text
+    ahead = len(at_hand) + (0 if consumer == "async for" else rest.index("Déjà "))
+    assert started == [False] * ahead + [True] * (len(at_hand) + len(rest) - ahead)
+    spans = harness.spans()
+    stream = by_name(spans, semconv.SPAN_STREAM)[0]
+    request = by_name(spans, "request")[0]
+    sends = sorted(by_name(spans, "send"), key=lambda x: x.start_time)
+    parent = request if consumer == "async for" else sends[0]
+    assert stream.parent.span_id == parent.context.span_id
+    assert stream.attributes[semconv.STREAM_TOKENS] == len(at_hand) + len(rest)
+    assert stream.attributes[semconv.STREAM_TTFT_MS] >= 0
+    cps = sorted(by_name(spans, semconv.SPAN_CHECKPOINT), key=lambda c: c.attributes[semconv.CHECKPOINT_INDEX])
+    assert "".join(c.attributes[semconv.CHECKPOINT_TEXT] for c in cps) == text
+    warning = next(e for e in events if e.type == "warning")
+    assert [text[x["start"]:x["end"]].strip() for x in warning.data["sentences"]] == [
+        "Then HALLUCINATED facts appear."
+    ]
+
+
+@pytest.mark.parametrize("how", ["raises", "client leaves"])
+def test_a_burst_before_the_start_that_fails_or_is_left_still_ends_its_stream_span(
+    harness: Harness, how: str
+) -> None:
+    harness.configure(KeywordJudge())
+
+    async def source() -> AsyncIterator[str]:
+        for w in GOOD.split(" "):
+            yield w + " "
+        raise ValueError("the model broke")
+
+    async def consume() -> None:
+        stream = aiter(guard(source(), question="sky", contexts=CONTEXTS))
+        if how == "raises":
+            with pytest.raises(ValueError):
+                async for _ev in stream:
+                    pass
+        else:
+            for _ in range(3):
+                await anext(stream)
+            await stream.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(consume())
+    stream_span = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    outcome = "error" if how == "raises" else "disconnected"
+    assert stream_span.attributes[semconv.STREAM_OUTCOME] == outcome
+    assert stream_span.attributes[semconv.STREAM_TOKENS] == (len(GOOD.split(" ")) if how == "raises" else 3)
+
+
 def test_a_source_that_yields_to_the_loop_feeds_each_token_at_once(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -416,14 +416,42 @@ class GuardedStream:
                 # each other's start
                 opened: list[list[StreamEvent] | Exception] = []  # start()'s events (or its failure)
                 opening = loop.call_soon(_open_stream, s, opened, deferred, True)
+                early = 0  # plain tokens sent before the start, after the first
                 try:
                     first = await source.__anext__()
+                    if (not opened and first.__class__ is str and first and first.isascii()
+                            and not s.hold_back):
+                        # the first token was at hand: so may the next ones be (a burst: a replayed or
+                        # cached answer, a chunk of many tokens). They go out before the start, which
+                        # waits for the loop's next pass as a model's first token would have let it run:
+                        # a list append each, as a stream nothing judges sends them. The start takes them
+                        # as the answer's first (see GuardSession.early_sink). It ends with the source's
+                        # end, a token of another kind, or the loop's pass (the start ran)
+                        tok, first = first, _NO_TOKEN
+                        s.accept(tok)  # times the first token
+                        shared = _TOKEN_EVENTS.get
+                        yield shared(tok) or token_event(tok)
+                        pre = s.early_sink()
+                        if pre is not None:
+                            async for tok in source:
+                                if not opened and tok.__class__ is str and tok and tok.isascii():
+                                    pre.append(tok)
+                                    early += 1
+                                    yield shared(tok) or token_event(tok)
+                                    continue
+                                first = tok  # goes through after the start
+                                break
+                            else:
+                                source = _EXHAUSTED
+                        del pre
                 except StopAsyncIteration:
                     source = _EXHAUSTED
                 finally:
                     opening.cancel()
                     del opening
-                    # the source had its token at hand, or failed: start() runs now
+                    s.passed(early)
+                    early = 0
+                    # the source had its token at hand, or failed, or the client left: start() runs now
                     _open_stream(s, opened, deferred, False)
                 events = opened.pop()
                 del opened

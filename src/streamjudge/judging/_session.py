@@ -18,6 +18,7 @@ from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
@@ -381,7 +382,12 @@ class GuardSession:
             self.hold_back = False
         else:
             s = settings
+            # tokens a driver sent before this start (see early_sink) are the answer's first: the windows
+            # scan them with the tokens that follow, on the loop's next pass (below) or now
+            early = self._windows.sink if self._n_tokens and isinstance(self._windows, Transcript) else None
             self._windows = Windows(s.window_sentences, s.window_chars, s.checkpoint_every)
+            if early:
+                self._windows.held.extend(early)
             self._inbox = deque()
             self._good = PassedPrefix()
             self._requests_of()
@@ -400,6 +406,10 @@ class GuardSession:
                 # scan each until the first window closes (~0.25 µs a token, benchmarks/run.py's answers)
                 self._defer(self._send_deferred)  # type: ignore[misc]
                 self._holding = True
+            elif self._held is None and self._windows.held:
+                # early tokens where nothing waits for a next pass: their windows close now
+                for end in self._windows.scan():
+                    self._close_checkpoint(end)
         return self._take()
 
     def prepare_late_start(self) -> bool:
@@ -413,6 +423,10 @@ class GuardSession:
         if self._span is not None or (s.preflight and s.preflight_action in ("stop", "skip_checks")):
             return False
         self._start_ns = self._start_ns or time.time_ns()
+        if self._parent is None:
+            # the stream's parent is where it began: start() may run on a later step (see early_sink), by
+            # when the consumer may have made another span current
+            self._parent = otel_context.get_current()
         # a stream under a span (the request's) is in that span's trace; a root stream's trace is new,
         # and nothing can be bound to it yet
         parent = trace.get_current_span(self._parent).get_span_context()
@@ -508,6 +522,19 @@ class GuardSession:
         if end >= 0:
             self._close_checkpoint(end)
         return token  # type: ignore[no-any-return]
+
+    def early_sink(self) -> list[str] | None:
+        """Before :meth:`start`, once the first token was accepted: the list a driver may append each plain
+        token's text to instead of calling :meth:`accept`, for tokens it sends before it starts the stream
+        (a source with its first tokens at hand: the stream's start then runs on the loop's next pass, not
+        in front of them). It reports how many it appended with :meth:`passed`; :meth:`start` takes them
+        as the answer's first. None where that cannot be: started already, or hold-back (no token goes out
+        before its window passed)."""
+        windows = self._windows
+        if (self._span is not None or self.hold_back or not self._n_tokens
+                or not isinstance(windows, Transcript)):
+            return None
+        return windows.sink
 
     def passthrough_sink(self) -> list[str] | None:
         """For a stream nothing will judge (sampled out, or skipped at start), once its first token was
