@@ -965,6 +965,94 @@ def _count_rings(monkeypatch: pytest.MonkeyPatch, waker: Any) -> list[int]:
     return rings
 
 
+def test_only_a_verdict_the_reader_sees_wakes_a_stream_waiting_for_its_next_token(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a model that pauses after each sentence, long enough for its checkpoint's verdict to land: a pass
+    # (or the pre-flight gate's pass) has nothing to tell the reader, so it waits for the next token
+    # instead of waking the loop; a failure wakes it at once, and at the end of the stream every verdict
+    # does (the end wait counts them)
+    from streamjudge.judging._drivers import _LoopBell
+
+    harness.configure(KeywordJudge(delay_s=0.01), window_sentences=1, end_wait_s=5.0)
+    rings: list[float] = []
+    real = _LoopBell.ring
+
+    def counting(self: _LoopBell, waker: Any) -> None:
+        rings.append(time.perf_counter())
+        real(self, waker)
+
+    monkeypatch.setattr(_LoopBell, "ring", counting)
+    arrived: dict[str, float] = {}
+
+    async def source() -> AsyncIterator[str]:
+        # a sentence ends where the next one starts: each pause comes after the next sentence's first word
+        for sentence, first in (("The sky is blue. ", "Grass "), ("is green. ", "Water "), ("is wet. ", "Then ")):
+            yield sentence
+            yield first
+            await asyncio.sleep(0.15)  # the sentence's verdict lands here
+        yield "HALLUCINATED facts appear. "
+        yield "And "
+        await asyncio.sleep(0.3)  # its warning comes during this pause
+        arrived["last"] = time.perf_counter()
+        yield "more."
+
+    async def consume() -> list[StreamEvent]:
+        out = []
+        async for ev in guard(source(), question="sky", contexts=CONTEXTS):
+            arrived.setdefault(ev.type, time.perf_counter())
+            out.append(ev)
+        return out
+
+    t0 = time.perf_counter()
+    events = asyncio.run(consume())
+    ended = time.perf_counter()
+    assert ended - t0 < 3.0  # the end wait ended with the last verdict, not after its 5 s
+    assert [e.type for e in events].count("warning") == 1
+    done = events[-1].data
+    assert done is not None and done["checkpoints"] == 5 and done["alerts"] == 1
+    assert arrived["warning"] < arrived["last"]  # during the pause, not with the next token
+    # the failure's; not the pre-flight gate's pass, not the three passes
+    assert len([t for t in rings if t < arrived["last"]]) == 1
+
+
+def _verdict(kind: str, status: str, value: float | None) -> Any:
+    from streamjudge.results import JobOutcome, JudgeResult, Score, Verdict
+
+    metric = semconv.CONTEXT_PRECISION if kind == "preflight" else "faithfulness"
+    label = None if value is None else ("pass" if value >= 0.5 else "fail")
+    scores = () if value is None else (Score(metric, value, label=label),)
+    result = JudgeResult("t", scores) if status == "judged" else None
+    return Verdict(kind, 0, JobOutcome(status, result), scores)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("mode", "kind", "status", "value", "wakes"), [
+    ("stream_first", "checkpoint", "judged", 1.0, False),  # a pass: nothing to show
+    ("stream_first", "checkpoint", "error", None, False),  # not judged: recorded on the span only
+    ("stream_first", "checkpoint", "judged", 0.0, True),  # a failure: a warning
+    ("stream_first", "preflight", "judged", 1.0, False),  # the gate passes
+    ("stream_first", "preflight", "judged", 0.0, True),  # the gate warns
+    ("hold_back", "checkpoint", "judged", 1.0, True),  # a pass releases the window's tokens
+    ("hold_back", "checkpoint", "error", None, True),  # so does a window that could not be judged
+])
+def test_a_hushed_session_wakes_its_driver_only_for_what_the_reader_sees(
+    harness: Harness, mode: str, kind: str, status: str, value: float | None, wakes: bool
+) -> None:
+    harness.configure(KeywordJudge(), mode=mode, preflight_threshold=0.5)
+    session = GuardSession(question="sky", contexts=CONTEXTS)
+    woken: list[bool] = []
+    session.set_notify(lambda: woken.append(True))
+    session.start()
+    session.hush_passes(True)
+    session.post(_verdict(kind, status, value))
+    assert bool(woken) is wakes
+    assert session.has_events  # drained with the next token either way
+    session.hush_passes(False)  # the end wait: every verdict wakes
+    session.post(_verdict(kind, status, value))
+    assert woken
+    session.finish()
+
+
 def test_verdicts_posted_together_wake_the_waiting_stream_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # the pool often posts several verdicts at once (a merged job's and those it superseded): one
     # cross-thread wake-up of the loop is enough; a verdict after the stream woke wakes it again

@@ -537,6 +537,7 @@ class GuardedStream:
             pending = s._pending  # the set itself: its truthiness is the cheapest "verdicts in flight?"
             broken = False
             while True:  # one round per token source: the app's, then each regeneration's
+                s.hush_passes(True)  # a verdict nobody sees waits for the next token (see hush_passes)
                 while True:
                     if s.has_events:
                         for ev in s.drain():
@@ -664,6 +665,7 @@ class GuardedStream:
                 s.close_tail()
                 while deferred:  # no next token to wait for: the last checkpoint spans end now
                     deferred.pop()()
+                s.hush_passes(False)  # the end wait counts every verdict
                 async for ev in settle(s, waker):
                     yield ev
                 if s.regen_request is not None and not s.stopped:

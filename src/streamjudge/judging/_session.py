@@ -141,7 +141,8 @@ class GuardSession:
     # lookup instead of a slot load (judged: 63.1k -> 62.7k instructions per token)
     __slots__ = ("_attributes", "_backend", "_checkpoints", "_defer", "_ended", "_failed", "_final",
                  "_final_set", "_final_value", "_finished", "_first_alert_char", "_first_ns", "_good",
-                 "_held", "_holding", "_inbox", "_join", "_judged_any", "_judging", "_late", "_n_alerts",
+                 "_held", "_holding", "_hush", "_inbox", "_join", "_judged_any", "_judging", "_late",
+                 "_n_alerts",
                  "_n_regenerations", "_n_tokens", "_name", "_next_index", "_notify", "_off_items",
                  "_off_lock", "_off_ok", "_opened", "_order", "_out", "_parent", "_pending", "_preflight_due",
                  "_probe", "_recording", "_regenerate", "_requests", "_scanning", "_session_id",
@@ -224,6 +225,7 @@ class GuardSession:
         # verdicts from the pool's thread
         self._inbox: deque[Verdict] | None = None  # made by start() for a judged stream
         self._notify: Callable[[], None] | None = None
+        self._hush = False  # see hush_passes
         self._out: list[StreamEvent] | None = None  # events for the driver (see _outbox)
         self.has_events = False
         self.stopped = False
@@ -291,12 +293,35 @@ class GuardSession:
         inbox.append(verdict)
         self.has_events = True
         notify = self._notify
-        if notify is not None:
+        if notify is not None and not (self._hush and self._unseen(verdict)):
             notify()
+
+    def _unseen(self, verdict: Verdict) -> bool:
+        # draining it makes no event (stream-first mode): a checkpoint that passed or was not judged, a
+        # pre-flight verdict whose gate does nothing (read here as _apply_preflight will read it)
+        if self.hold_back:
+            return False  # a passed window releases its tokens
+        if verdict.kind == "checkpoint":
+            return not (verdict.status == "judged" and verdict.failed)
+        if verdict.kind == "preflight":
+            s = self.settings
+            return not preflight_gate(verdict, s.preflight_threshold, s.preflight_action).policy
+        return False
 
     def set_notify(self, callback: Callable[[], None] | None) -> None:
         """Called (from any thread) whenever a verdict arrives; drivers use it to wake up."""
         self._notify = callback
+
+    def hush_passes(self, on: bool) -> None:
+        """While on, a verdict the reader cannot see does not call the :meth:`set_notify` callback: in
+        stream-first mode, a checkpoint that passed or was not judged, and a pre-flight verdict whose gate
+        does nothing (only a failure makes an event there). It waits in the inbox, and :attr:`has_events`
+        has the driver drain it once its next token went out. A driver turns it on while it waits for
+        tokens: woken for it, a loop whose source runs on a timer went back to sleep with a timeout that
+        epoll rounds up to whole milliseconds, and its next token came up to 1 ms late
+        (``benchmarks/run.py``'s timer-source ITL). It turns it off for the end-of-stream wait, which
+        counts every verdict."""
+        self._hush = on
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
