@@ -142,14 +142,13 @@ class GuardSession:
     __slots__ = ("_attributes", "_backend", "_checkpoints", "_defer", "_ended", "_failed", "_final",
                  "_final_set", "_final_value", "_finished", "_first_alert_char", "_first_ns", "_good",
                  "_held", "_holding", "_hush", "_inbox", "_join", "_judged_any", "_judging", "_late",
-                 "_n_alerts",
-                 "_n_regenerations", "_n_tokens", "_name", "_next_index", "_notify", "_off_items",
-                 "_off_lock", "_off_ok", "_opened", "_order", "_out", "_parent", "_pending", "_preflight_due",
-                 "_probe", "_recording", "_regenerate", "_requests", "_scanning", "_session_id",
-                 "_skip_checks", "_skips", "_span", "_span_id", "_start_ns", "_stream_hex", "_text",
-                 "_to_send", "_trace_id", "_ttft_ms", "_unjudged_status", "_verdict", "_window_start_ns",
-                 "_windows", "contexts", "has_events", "hold_back", "preflight_pending", "question",
-                 "reference", "regen_request", "settings", "stopped")
+                 "_n_alerts", "_n_regenerations", "_n_tokens", "_name", "_next_index", "_notify",
+                 "_off_items", "_off_lock", "_off_ok", "_opened", "_order", "_out", "_parent", "_pending",
+                 "_preflight_due", "_probe", "_recording", "_regenerate", "_requests", "_scanning",
+                 "_session_id", "_skip_checks", "_skips", "_span", "_span_id", "_start_ns", "_stream_hex",
+                 "_text", "_to_send", "_trace_id", "_ttft_ms", "_unjudged_status", "_verdict",
+                 "_window_start_ns", "_windows", "contexts", "has_events", "hold_back", "preflight_pending",
+                 "question", "reference", "regen_request", "settings", "stopped")
 
     def __init__(
         self,
