@@ -404,6 +404,8 @@ class GuardedStream:
         step_started = 0.0
         first: Any = _NO_TOKEN  # the source's first token, when it was asked for before start()
         late = s.prepare_late_start()
+        # a token's event: the shared one of its text where there is one (see token_event), looked up here
+        shared = _TOKEN_EVENTS.get
         burst = 0  # tokens appended to the session's held list by the main loop, not yet counted by it
         # the frame of this generator lives as long as the stream: what it keeps is kept per live stream for
         # the cyclic GC to track (with hundreds live, a whole-heap collection comes sooner). So no closure
@@ -429,7 +431,6 @@ class GuardedStream:
                         # end, a token of another kind, or the loop's pass (the start ran)
                         tok, first = first, _NO_TOKEN
                         s.accept(tok)  # times the first token
-                        shared = _TOKEN_EVENTS.get
                         yield shared(tok) or token_event(tok)
                         pre = s.early_sink()
                         if pre is not None:
@@ -450,7 +451,6 @@ class GuardedStream:
                     opening.cancel()
                     del opening
                     s.passed(early)
-                    early = 0
                     # the source had its token at hand, or failed, or the client left: start() runs now
                     _open_stream(s, opened, deferred, False)
                 events = opened.pop()
@@ -487,8 +487,6 @@ class GuardedStream:
                     await wait_step(step, waker, deadline - loop.time())
                     for ev in s.drain():
                         yield ev
-            # a token's event: the shared one of its text where there is one (see token_event), looked up here
-            shared = _TOKEN_EVENTS.get
             if step is None and not s.judging and not hold and not s.stopped and not s.has_events:
                 # nothing will judge this stream (sampled out, skipped at start), so no verdict can come
                 # and a token needs no more than the text kept for the answer span: after the first one
