@@ -13,6 +13,7 @@ import pytest
 from _fakes import BrokenJudge, KeywordJudge, SyncKeywordJudge
 from conftest import Harness
 from streamjudge import RegenerateRequest, StreamEvent, guard, semconv
+from streamjudge.judging import _drivers
 from streamjudge.judging._drivers import _GAP_SAMPLE as _GAP
 from streamjudge.judging._windows import MAX_JOINED_CHARS
 from streamjudge.judging.guard import GuardSession
@@ -915,6 +916,52 @@ def test_a_burst_before_the_start_that_fails_or_is_left_still_ends_its_stream_sp
     outcome = "error" if how == "raises" else "disconnected"
     assert stream_span.attributes[semconv.STREAM_OUTCOME] == outcome
     assert stream_span.attributes[semconv.STREAM_TOKENS] == (len(GOOD.split(" ")) if how == "raises" else 3)
+
+
+@pytest.mark.parametrize("first_step", ["waits", "ends"])
+def test_streams_that_begin_together_start_a_slice_a_pass_and_once_each(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, first_step: str
+) -> None:
+    # streams that begin in one pass queue their starts for the next: a pass runs a slice of them, then the
+    # loop's due timers (live streams' tokens) run before the next slice. A stream whose source ended
+    # before its queued start ran was started by its driver: the queue skips it
+    harness.configure(KeywordJudge())
+    monkeypatch.setattr(_drivers, "_START_SLICE_S", 0.0)  # one start a pass
+    order: list[str] = []
+    real_start = GuardSession.start
+
+    def start(self: GuardSession) -> list[StreamEvent]:
+        order.append("start")
+        return real_start(self)
+
+    monkeypatch.setattr(GuardSession, "start", start)
+    streams = 4
+
+    async def source(i: int) -> AsyncIterator[str]:
+        if i == streams - 1:  # a live stream's token, due at the next pass
+            asyncio.get_running_loop().call_later(0, order.append, "timer")
+        if first_step == "ends":
+            return
+        await asyncio.sleep(0.01)
+        yield "The sky is blue. "
+
+    async def consume(i: int) -> list[StreamEvent]:
+        return [ev async for ev in guard(source(i), question="sky", contexts=CONTEXTS)]
+
+    async def main() -> list[list[StreamEvent]]:
+        return await asyncio.gather(*(consume(i) for i in range(streams)))
+
+    results = asyncio.run(main())
+    if first_step == "waits":
+        # all in one pass, the timer would come after every start
+        assert order == ["start", "timer", "start", "start", "start"]
+        assert [text_of(r) for r in results] == ["The sky is blue. "] * streams
+    else:
+        # each driver started its stream at the source's end, before the queue's first slice
+        assert order == ["start"] * streams + ["timer"]
+    stream_spans = by_name(harness.spans(), semconv.SPAN_STREAM)
+    assert len(stream_spans) == streams
+    assert all(s.attributes[semconv.STREAM_OUTCOME] == "completed" for s in stream_spans)
 
 
 def test_a_source_that_yields_to_the_loop_feeds_each_token_at_once(
