@@ -53,7 +53,9 @@ cyclic GC's pauses during the run (all generations, and in brackets the whole-he
 every stream, so it shows in the ratio as it is) with the objects per stream the finished streams left to
 it (in reference cycles: ~0 when a finished stream is freed by refcounting), the collections of each
 generation during the run (each run starts from the same collector state: see the child's comment), and
-the spread (min-max) over repeats.
+the spread (min-max) over repeats. Then issue 13's goals, met or NOT met, from the medians over the repeats:
+at 500 streams the defaults' tokens/s >= 0.99x bare over the whole run (``done`` included) and ITL p99
+<= 1.2x bare; at 200, every checkpoint judged on its own (none dropped, failed or merged).
 """
 
 from __future__ import annotations
@@ -393,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     data = Path("/tmp") / f"streamjudge-bench-scale-{int(time.time())}.json"
     data.write_text(json.dumps(samples))
     results: dict[str, Any] = {}
+    goals: dict[str, bool] = {}
     try:
         for n in args.streams:
             runs: dict[str, list[dict[str, Any]]] = {"bare": [], "judged": [], "in_process": [],
@@ -402,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                 for variant in runs:  # interleaved: drift on a noisy machine hits every variant alike
                     runs[variant].append(child(_code_of(variant), n, args.delay_ms, data))
             results[str(n)] = summarize(runs)
+            goals.update(scale_goals(n, runs))
         if args.one_core:
             # a one-core host or container: the judge's worker takes the app's own core, niced
             cpu = max(os.sched_getaffinity(0))
@@ -422,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         data.unlink(missing_ok=True)
     if args.json:
-        print(json.dumps(results, indent=1))
+        print(json.dumps({**results, "goals": goals}, indent=1))
         return 0
     for n, r in results.items():
         if n == "capacity":
@@ -437,7 +441,29 @@ def main(argv: list[str] | None = None) -> int:
                   f"({args.repeat} repeats, median [min-max])")
         for k, v in r.items():
             print(f"   {k:<44} {v}")
+    if goals:
+        from run import print_goals
+
+        print_goals(goals, "== goals (issue 13: the defaults against bare, medians over the repeats)")
     return 0
+
+
+def scale_goals(n: int, runs: dict[str, list[dict[str, Any]]]) -> dict[str, bool]:
+    """Issue 13's goals at ``n`` streams, from the defaults' (``judged``) repeats against bare's: at 500,
+    tokens/s >= 0.99x (over the whole run, ``done`` included) and ITL p99 <= 1.2x; at 200, no checkpoint
+    dropped, failed or merged into a newer one."""
+    bare, judged = runs["bare"], runs["judged"]
+    out: dict[str, bool] = {}
+    if n == 500:
+        pairs = list(zip(judged, bare, strict=True))
+        rate = statistics.median(r["tokens_per_s"] / b["tokens_per_s"] for r, b in pairs)
+        itl = statistics.median(r["itl_p99_ms"] / b["itl_p99_ms"] for r, b in pairs)
+        out["goal_500_streams_tokens_per_s_ge_0.99x_bare"] = rate >= 0.99
+        out["goal_500_streams_itl_p99_le_1.2x_bare"] = itl <= 1.2
+    if n == 200:
+        out["goal_200_streams_every_checkpoint_judged"] = all(
+            r["superseded"] == 0 and r["not_judged"] == 0 and r["judged"] > 0 for r in judged)
+    return out
 
 
 def _spread(values: list[float], digits: int = 3) -> str:
