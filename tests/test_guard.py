@@ -964,6 +964,55 @@ def test_streams_that_begin_together_start_a_slice_a_pass_and_once_each(
     assert all(s.attributes[semconv.STREAM_OUTCOME] == "completed" for s in stream_spans)
 
 
+def test_a_first_token_that_comes_before_its_queued_start_goes_out_first(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # three streams begin in one pass and their sources need a loop pass per token: with one start a pass,
+    # the later streams' first tokens come before their starts ran. Those tokens go out first, and each
+    # stream is then whole: its span, every token counted, its checkpoints covering the answer, its
+    # failing sentence named
+    harness.configure(KeywordJudge(), window_sentences=1)
+    monkeypatch.setattr(_drivers, "_START_SLICE_S", 0.0)
+    words = BAD.split(" ")
+    streams = 3
+
+    async def source() -> AsyncIterator[str]:
+        for w in words:
+            await asyncio.sleep(0)
+            yield w + " "
+
+    async def consume() -> tuple[list[StreamEvent], list[bool]]:
+        stream = guard(source(), question="sky", contexts=CONTEXTS)
+        out, started = [], []
+        async for ev in stream:
+            if ev.type == "token":
+                started.append(stream.session.span is not None)
+            out.append(ev)
+        return out, started
+
+    async def main() -> list[tuple[list[StreamEvent], list[bool]]]:
+        return await asyncio.gather(*(consume() for _ in range(streams)))
+
+    results = asyncio.run(main())
+    text = "".join(w + " " for w in words)
+    assert [started[0] for _, started in results] == [True, False, False]
+    spans = harness.spans()
+    stream_spans = by_name(spans, semconv.SPAN_STREAM)
+    assert len(stream_spans) == streams
+    for events, _ in results:
+        assert text_of(events) == text
+        warning = next(e for e in events if e.type == "warning")
+        assert [text[x["start"]:x["end"]].strip() for x in warning.data["sentences"]] == [
+            "Then HALLUCINATED facts appear."
+        ]
+    for span in stream_spans:
+        assert span.attributes[semconv.STREAM_TOKENS] == len(words)
+        cps = sorted((c for c in by_name(spans, semconv.SPAN_CHECKPOINT)
+                      if c.parent.span_id == span.context.span_id),
+                     key=lambda c: c.attributes[semconv.CHECKPOINT_INDEX])
+        assert "".join(c.attributes[semconv.CHECKPOINT_TEXT] for c in cps) == text
+
+
 def test_a_source_that_yields_to_the_loop_feeds_each_token_at_once(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -503,12 +503,14 @@ class GuardedStream:
                     first = await source.__anext__()
                     if (not opened and first.__class__ is str and first and first.isascii()
                             and not s.hold_back):
-                        # the first token was at hand: so may the next ones be (a burst: a replayed or
-                        # cached answer, a chunk of many tokens). They go out before the start, which
-                        # waits for the loop's next pass as a model's first token would have let it run:
-                        # a list append each, as a stream nothing judges sends them. The start takes them
-                        # as the answer's first (see GuardSession.early_sink). It ends with the source's
-                        # end, a token of another kind, or the loop's pass (the start ran)
+                        # the first token came before the start ran: it was at hand, or the loop's
+                        # queue of starts has not reached this stream yet (many began together, see
+                        # _StartQueue). So may the next ones (a burst: a replayed or cached answer, a chunk
+                        # of many tokens). They go out before the start, which waits for its turn in that
+                        # queue as a model's first token would have let it run: a list append each, as a
+                        # stream nothing judges sends them. The start takes them as the answer's first (see
+                        # GuardSession.early_sink). It ends with the source's end, a token of another kind,
+                        # or the start's turn (it ran)
                         tok, first = first, _NO_TOKEN
                         s.accept(tok)  # times the first token
                         yield shared(tok) or token_event(tok)

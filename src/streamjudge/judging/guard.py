@@ -65,9 +65,10 @@ def guard(
     the failing sentences (``data["sentences"]``: char ranges, score and reason each).
 
     The stream starts (its span, its inputs, the sampling decision) while the source works on its first
-    token; tokens a source has at hand from the first go out before it, and it starts on the loop's next
-    pass (``GuardedStream.session.span`` is None until then). Either way the stream's span is the child of
-    the span current when iteration began, and its start time is that moment.
+    token, on the loop's next pass (or a later one when many streams begin at once: each pass runs a slice
+    of their starts). Tokens that come before it (a source's tokens at hand) go out first, and
+    ``GuardedStream.session.span`` is None until it ran. Either way the stream's span is the child of the
+    span current when iteration began, and its start time is that moment.
 
     ``question`` / ``contexts`` default to what instrumentation registered for the current trace.
     ``regenerate`` is called with a :class:`RegenerateRequest` when the action is ``regenerate`` and
