@@ -51,7 +51,12 @@ DEFAULT_ROUTES_EXCLUDE: tuple[str, ...] = (
 
 
 #: judges built in (``package.module:ClassName`` names any other)
-JUDGE_NAMES: tuple[str, ...] = ("local", "model", "llm", "ragas", "deepeval")
+JUDGE_NAMES: tuple[str, ...] = ("local", "model", "llm", "ragas", "deepeval", "cascade")
+#: how readily a judge with three-way sentence verdicts alerts: ``strict`` alerts on uncertain sentences
+Strictness = Literal["lenient", "default", "strict"]
+STRICTNESS: tuple[str, ...] = ("lenient", "default", "strict")
+#: what a name absent from the contexts is: hard evidence (``fail``) or a weak signal (``uncertain``)
+NamesPolicy = Literal["fail", "uncertain"]
 #: metric names the built-in judges score (deepeval also scores GEval rubrics by name)
 KNOWN_METRICS: tuple[str, ...] = (
     semconv.FAITHFULNESS,
@@ -216,6 +221,14 @@ class Settings:
     model_threads: int = 1
     model_max_length: int = 0
     model_queue_size: int = 1024
+    # three-way sentence verdicts: ``strictness`` (lenient / default / strict: strict alerts on uncertain
+    # sentences) and what a name absent from the contexts is (``fail`` / ``uncertain``; None: uncertain when
+    # lenient, else fail). The ``cascade`` judge asks ``cascade_judge`` about the sentences the local judge
+    # is uncertain about (and, with ``cascade_confirm_fails``, about its fails before they alert)
+    strictness: Strictness = "default"
+    names_absent: NamesPolicy | None = None
+    cascade_judge: str = "llm"
+    cascade_confirm_fails: bool = False
 
     def __post_init__(self) -> None:
         enums = (
@@ -255,6 +268,7 @@ class Settings:
                     expected="event:NAME, data:TEXT or type:NAME, comma separated "
                     "(STREAMJUDGE_TERMINAL_FRAMES=none turns holding back off)",
                 )
+        _check_verdict_settings(self)
 
     @property
     def checkpoint_judge_name(self) -> str:
@@ -268,6 +282,19 @@ class Settings:
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+def _check_verdict_settings(settings: Settings) -> None:
+    """Validate (and lower-case) the three-way verdict settings."""
+    strictness = _enum(settings.strictness)
+    if strictness not in STRICTNESS:
+        raise _invalid("strictness", settings.strictness, _one_of(STRICTNESS))
+    object.__setattr__(settings, "strictness", strictness)
+    if settings.names_absent is not None:
+        names = _enum(settings.names_absent)
+        if names not in ("fail", "uncertain"):
+            raise _invalid("names_absent", settings.names_absent, _one_of(("fail", "uncertain")))
+        object.__setattr__(settings, "names_absent", names)
 
 
 # --- environment parsing ---------------------------------------------------------------------------
@@ -429,6 +456,10 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "model_threads": ("MODEL_THREADS", _int),
     "model_max_length": ("MODEL_MAX_LENGTH", _int),
     "model_queue_size": ("MODEL_QUEUE_SIZE", _int),
+    "strictness": ("STRICTNESS", None),
+    "names_absent": ("NAMES_ABSENT", None),
+    "cascade_judge": ("CASCADE_JUDGE", parse_judge_name),
+    "cascade_confirm_fails": ("CASCADE_CONFIRM_FAILS", _bool),
     "client_events": ("CLIENT_EVENTS", _bool),
     "openinference_inline": ("OPENINFERENCE_INLINE", _bool),
     "routes_include": ("ROUTES_INCLUDE", "csv"),

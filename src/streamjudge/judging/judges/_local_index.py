@@ -30,10 +30,10 @@ from streamjudge.judging.judges._local_text import (
     claims_with_facts,
     normalize,
     scopes,
-    sentences,
     term,
     word_keys,
 )
+from streamjudge.sentences import split_units
 
 # A claim is supported when all its hard facts (numbers, names, dates) occur in the contexts, each number
 # and date in a context sentence that shares a word with the claim, its polarity agrees with the context
@@ -62,6 +62,13 @@ class ClaimVerdict:
     coverage: float = 1.0
     detached: tuple[str, ...] = ()  # names/numbers the contexts state, but of something else
     units: tuple[str, ...] = ()  # numbers the contexts state with another unit ("5 mg" for "5 g")
+    # the evidence by kind: hard (numbers, month/day names, names, role swaps, a negation flip) and weak
+    missing_numbers: tuple[str, ...] = ()
+    missing_dates: tuple[str, ...] = ()
+    missing_names: tuple[str, ...] = ()
+    missing_words: tuple[str, ...] = ()  # content words (and small counts in words) the contexts lack
+    role_swaps: tuple[str, ...] = ()  # "2012 is said of Leeds"
+    negation_tie: bool = False  # a negated and a plain context clause match the claim equally well
 
 
 # a question asserts nothing: like filler, it counts neither way
@@ -77,6 +84,18 @@ class _Clause:
 
 
 @dataclass(frozen=True, slots=True)
+class _Segment:
+    """A piece of a context sentence between commas, ";" and coordinating words: what one number or name
+    in it is said of ("opened the Leeds office in 2012 | and the York office in 2016")."""
+
+    sentence: int  # the sentence's position in its context
+    keys: frozenset[str]  # fact keys without numbers
+    values: tuple[tuple[float, str | None], ...]  # numbers with their units
+    names: tuple[tuple[frozenset[str], str], ...]  # (keys, surface) of its names
+    terms: tuple[tuple[str, str], ...]  # (key, surface) of its content words
+
+
+@dataclass(frozen=True, slots=True)
 class ContextPart:
     """The analysis of one context, the same in every contexts tuple it appears in."""
 
@@ -85,6 +104,15 @@ class ContextPart:
     # per sentence, its clauses and the words of the sentence before when it opens with a pronoun
     sentences: tuple[tuple[tuple[_Clause, ...], frozenset[str]], ...]
     all_keys: frozenset[str]  # words, keys and fact keys: what context precision matches against
+    segments: tuple[_Segment, ...] = ()
+    # capitalised words and the initials of capitalised runs: what an answer's name or acronym may be
+    # another form of ("NASA", "French" for "France")
+    capitalised: frozenset[str] = frozenset()
+    headings: frozenset[str] = frozenset()  # lowercase lines that stand alone without final punctuation
+    # numbers the text states in a form the tokenizer does not read as one: the end of a year range
+    # written short or long ("2007-11" states 2011, "2007-2011" states 11), a number word inside a
+    # hyphenated word ("three-year")
+    extra_values: frozenset[float] = frozenset()
 
     @classmethod
     def of(cls, context: str) -> ContextPart:
@@ -93,9 +121,14 @@ class ContextPart:
         text = _GLUED_RE.sub(". ", normalize(context))
         raw, keys = word_keys(text)
         per_sentence: list[tuple[tuple[_Clause, ...], frozenset[str]]] = []
+        segments: list[_Segment] = []
         facts_keys: set[str] = set()
         before: frozenset[str] = frozenset()  # the first name of the sentence before
-        for span in sentences(text):
+        headings: set[str] = set()
+        for unit in split_units(text):
+            span = Span(unit.text, unit.text[-1] in _TERMINAL, True)
+            if not span.terminated and len(unit.text.split()) <= _HEADING_WORDS:
+                headings.add(unit.text.lower())
             clauses = []
             subject: frozenset[str] = frozenset()
             for piece, start in scopes(span.text, span.sentence_start):
@@ -112,9 +145,70 @@ class ContextPart:
             # description by a word of the name before)
             refers = PRONOUN_RE.match(span.text) is not None or _refers_back(span.text, before)
             carried = before if refers else frozenset()
+            segments.extend(_segments(span, len(per_sentence)))
             per_sentence.append((tuple(clauses), carried))
             before = subject or carried
-        return cls(frozenset(raw), frozenset(keys), tuple(per_sentence), frozenset(keys | raw | facts_keys))
+        return cls(frozenset(raw), frozenset(keys), tuple(per_sentence), frozenset(keys | raw | facts_keys),
+                   tuple(segments), _capitalised(text), frozenset(headings), _extra_values(text, raw))
+
+
+_TERMINAL = frozenset(".!?\u3002\uff01\uff1f\u2026")
+_HEADING_WORDS = 10
+# a comma between a day and a year ("June 28, 2013") does not end a segment
+_SEGMENT_RE = re.compile(r"\s*[;:]\s*|(?<!\d)\s*,\s*|\s+(?:and|but|while|whereas|or)\s+", re.IGNORECASE)
+
+
+def _segments(span: Span, sentence: int) -> list[_Segment]:
+    """The segments of one context sentence that hold a number (the only ones a role swap is read from)
+    or a name or word (what a swapped number may belong to)."""
+    out: list[_Segment] = []
+    start = 0
+    text = span.text
+    bounds = [m.span() for m in _SEGMENT_RE.finditer(text)]
+    for a, b in [*bounds, (len(text), len(text))]:
+        piece = text[start:a]
+        if piece.strip():
+            facts = analyze(piece, sentence_start=start == 0 and span.sentence_start)
+            keys = frozenset(k for k in fact_keys(facts) if not k.startswith("#"))
+            names = tuple((frozenset((*toks, *map(term, toks))), surface) for surface, toks in facts.entities)
+            out.append(_Segment(sentence, keys, tuple((n.value, n.unit) for n in facts.numbers), names,
+                                facts.terms))
+        start = b
+    return out
+
+
+_YEAR_RANGE_RE = re.compile(r"\b(1[0-9]|20)(\d\d)\s*(?:-{1,2}|\u2013|\u2014|to)\s*((?:1[0-9]|20)?)(\d\d)\b")
+
+
+def _extra_values(text: str, raw: set[str]) -> frozenset[float]:
+    out: set[float] = set()
+    for m in _YEAR_RANGE_RE.finditer(text):
+        century, end = m.group(1), m.group(4)
+        out.add(float(end))
+        out.add(float((m.group(3) or century) + end))
+    for w in raw:
+        if "-" in w:
+            out.update(NUMBER_WORDS[p] for p in w.split("-") if p in NUMBER_WORDS)
+    return frozenset(out)
+
+
+_CAPITAL_RUN_RE = re.compile(r"(?:\b[A-Z][\w'-]*(?:\s+(?:of|the|and|for|de|du|von|van)\b)*\s*)+")
+
+
+def _capitalised(text: str) -> frozenset[str]:
+    """Lowercase capitalised words of ``text`` and the initials of its capitalised runs ("nasa" for
+    "National Aeronautics and Space Administration", with or without the small words)."""
+    out: set[str] = set()
+    for m in _CAPITAL_RUN_RE.finditer(text):
+        words = m.group().split()
+        caps = [w for w in words if w[:1].isupper()]
+        out.update(w.lower().removesuffix("'s") for w in caps)
+        # with and without the small words, and without a first word that may only start the sentence
+        for k in (0, 1):
+            if len(caps) - k >= 2:
+                out.add("".join(w[0] for w in caps[k:]).lower())
+                out.add("".join(w[0] for w in words[k:] if w[:1].isalpha()).lower())
+    return frozenset(out)
 
 
 _DEFINITE_RE = re.compile(r"the\s+([^\W\d_]+)\b", re.IGNORECASE)
@@ -182,6 +276,13 @@ class ContextIndex:
         carried: dict[str, list[int]] = {}  # sentences a word is carried into by a leading pronoun
         seen: dict[str, ContextPart] = {}
         added: set[str] = set()
+        capitalised: set[str] = set()
+        extra_values: set[float] = set()
+        headings: set[str] = set()
+        self._segs: list[_Segment] = []
+        self._seg_sentence: list[int] = []
+        seg_postings: dict[str, list[int]] = {}
+        value_segs: dict[float, list[int]] = {}
         for ctx in contexts:
             part = seen.get(ctx)
             if part is None:
@@ -192,6 +293,22 @@ class ContextIndex:
             if ctx in added:
                 continue  # a repeated context adds no sentence a claim could come from
             added.add(ctx)
+            capitalised |= part.capitalised
+            extra_values |= part.extra_values
+            headings |= part.headings
+            first = len(self.sentence_keys)
+            for seg in part.segments:
+                sid = len(self._segs)
+                self._segs.append(seg)
+                self._seg_sentence.append(first + seg.sentence)
+                for k in seg.keys:
+                    slist = seg_postings.setdefault(k, [])
+                    if len(slist) <= _MAX_POSTINGS:
+                        slist.append(sid)
+                for v, _ in seg.values:
+                    vs = value_segs.setdefault(v, [])
+                    if len(vs) <= _MAX_ATTACH:
+                        vs.append(sid)
             for clauses, antecedent in part.sentences:
                 sent = len(self.sentence_keys)
                 s_keys: set[str] = set(antecedent)
@@ -214,7 +331,7 @@ class ContextIndex:
                         if len(vlist) <= _MAX_ATTACH and (not vlist or vlist[-1] != sent):
                             vlist.append(sent)
                 self.sentence_keys.append(frozenset(s_keys))
-        values = set(value_sentences)
+        values = set(value_sentences) | extra_values
         for w in raw:
             if w in NUMBER_WORDS:
                 values.add(NUMBER_WORDS[w])
@@ -227,6 +344,10 @@ class ContextIndex:
         self._carried = carried
         self._value_units = value_units
         self._postings = postings
+        self._seg_postings = seg_postings
+        self._value_segs = value_segs
+        self.capitalised = frozenset(capitalised)
+        self.headings = frozenset(headings)
         self._verdicts: OrderedDict[
             tuple[str, bool, frozenset[str]], tuple[tuple[str, ClaimVerdict], ...]
         ] = OrderedDict()
@@ -287,18 +408,20 @@ class ContextIndex:
         for: they tie the claim's names and numbers to context sentences, they are not checked."""
         if facts.meta_only:
             return ClaimVerdict(supported=True, filler=True)
-        missing: list[str] = []
+        names: list[str] = []
+        numbers: list[str] = []
+        dates: list[str] = []
+        words: list[str] = []
         detached: list[str] = []
-        hard_miss = False
-        soft_missing = 0
         units: list[str] = []
+        swaps: list[str] = []
+        soft_missing = 0
         claim_keys = fact_keys(facts)
         tie_keys = claim_keys | antecedent
         groups = facts.groups
         for k, (surface, tokens) in enumerate(facts.entities):
-            if not all(self.has_word(t, term(t)) for t in tokens):
-                missing.append(surface)
-                hard_miss = True
+            if not all(self._knows_name_token(t) for t in tokens):
+                names.append(surface)
                 continue
             others = tie_keys
             if len(facts.entities) > 1 and len(groups) == len(facts.entities):
@@ -310,43 +433,100 @@ class ContextIndex:
         for n in facts.numbers:
             values = self._matching_values(n)
             if not values:
-                missing.append(n.surface)
                 # "two films", "three times": a small count in words is often the summary's own count
                 # of what the context lists; it weighs as a content word, not as a hard fact
-                if not (n.value <= _SMALL_COUNT and n.surface.lower() in NUMBER_WORDS):
-                    hard_miss = True
-                else:
+                if n.value <= _SMALL_COUNT and n.surface.lower() in NUMBER_WORDS:
+                    words.append(n.surface)
                     soft_missing += 1
+                else:
+                    numbers.append(n.surface)
             elif n.unit is not None and (other := self._other_unit(values, n.unit)):
                 units.append(f"{n.surface} {n.unit} (context: {other})")
+            elif (swap := self._role_swap(n, facts, values)) is not None:
+                swaps.append(swap)
             elif not self._attached_number(values, tie_keys - {f"#{n.value:g}"}):
                 detached.append(n.surface)
         for short, surface in facts.dates:
             if short not in self.months:
-                missing.append(surface)
-                hard_miss = True
+                dates.append(surface)
         found = 0
         for key, surface in facts.terms:
             if key in self.keys or surface.lower() in self.raw_words:
                 found += 1
             else:
-                missing.append(surface)
+                words.append(surface)
         counted = len(facts.terms) + soft_missing
         coverage = found / counted if counted else 1.0
-        negation_mismatch = self._negation_mismatch(facts, claim_keys)
+        flip, tie = self._negation(facts, claim_keys)
         supported = (
-            not hard_miss and not detached and not units and not negation_mismatch
+            not (names or numbers or dates or detached or units or swaps or flip or tie)
             and coverage >= CONTENT_COVERAGE
         )
         return ClaimVerdict(
             supported=supported,
             filler=False,
-            missing=tuple(dict.fromkeys(missing)),
-            negation_mismatch=negation_mismatch,
+            missing=tuple(dict.fromkeys([*names, *numbers, *dates, *words])),
+            negation_mismatch=flip or tie,
             coverage=coverage,
             detached=tuple(dict.fromkeys(detached)),
             units=tuple(dict.fromkeys(units)),
+            missing_numbers=tuple(dict.fromkeys(numbers)),
+            missing_dates=tuple(dict.fromkeys(dates)),
+            missing_names=tuple(dict.fromkeys(names)),
+            missing_words=tuple(dict.fromkeys(words)),
+            role_swaps=tuple(dict.fromkeys(swaps)),
+            negation_tie=tie and not flip,
         )
+
+    def _knows_name_token(self, token: str) -> bool:
+        """Whether one word of a name occurs in the contexts, in any of the forms a name takes: as
+        written, its key, the parts of a hyphenated name ("Coca-Cola" for "Coca Cola") or the word
+        they join into, an acronym of a capitalised run ("NASA"), or a demonym of a place ("French")."""
+        if self.has_word(token, term(token)):
+            return True
+        if "-" in token:
+            parts = token.split("-")
+            if all(self.has_word(p, term(p)) for p in parts if p) or "".join(parts) in self.raw_words:
+                return True
+        if token in self.capitalised:
+            return True
+        return _demonym_base(token, self.capitalised)
+
+    def _role_swap(self, n: Number, facts: Facts, values: list[float]) -> str | None:
+        """When every context segment stating the number ``n`` says it of something the claim does not
+        name, while a name the claim gives has another number of the same kind in the contexts: "opened
+        the York office in 2012" against "opened the Leeds office in 2012 and the York office in 2016".
+        The reason names what the number is said of; ``None`` when no swap shows."""
+        claim_names = frozenset(k for _, toks in facts.entities for k in (*toks, *map(term, toks)))
+        segs = list(dict.fromkeys(sid for v in values for sid in self._value_segs.get(v, ())))
+        if not segs or not claim_names:
+            return None
+        claim_terms = {k for k, _ in facts.terms}
+        label = None
+        for sid in segs:
+            seg = self._segs[sid]
+            if claim_names & seg.keys:
+                return None  # the number is said beside a name the claim gives
+            mine = next((surface for keys, surface in seg.names if not keys & claim_names), None)
+            if mine is None:  # no name: the role the number is said of is a word the claim lacks
+                mine = next((surface for key, surface in seg.terms if key not in claim_terms), None)
+            if mine is None:
+                return None
+            label = label or mine
+        if label is None or not self._has_other_number(claim_names, n, facts):
+            return None
+        return f"{n.surface} is said of {label}"
+
+    def _has_other_number(self, names: frozenset[str], n: Number, facts: Facts) -> bool:
+        """Whether a context segment gives one of ``names`` a number of ``n``'s kind that the claim
+        does not state."""
+        stated = [(c.value - c.tolerance, c.value + c.tolerance) for c in facts.numbers]
+        for key in names:
+            for sid in self._seg_postings.get(key, ()):
+                if any(not any(lo <= v <= hi for lo, hi in stated)
+                       for v in _other_number(self._segs[sid], n)):
+                    return True
+        return False
 
     def _attached_name(self, tokens: tuple[str, ...], claim_keys: frozenset[str] | set[str]) -> bool:
         """Whether a context sentence that names ``tokens`` also holds another word of the claim:
@@ -405,7 +585,7 @@ class ContextIndex:
                 return False
         return with_number >= 1 or best == 0
 
-    def _negation_mismatch(self, facts: Facts, claim_keys: frozenset[str]) -> bool:
+    def _negation(self, facts: Facts, claim_keys: frozenset[str]) -> tuple[bool, bool]:
         """True when the context clauses that best match the claim have the opposite polarity.
 
         Only claims that clearly come from one context clause (half their facts, at least two) are
@@ -414,10 +594,10 @@ class ContextIndex:
         taken as contradicted: the judge cannot tell which one it restates, and a miss costs more.
         """
         if not facts.negated and not self.any_negated:
-            return False
+            return False, False
         # a bare name or number ("Ford Fusion.") states no predicate a negation could deny
         if len(claim_keys) < 2 or not facts.terms:
-            return False
+            return False, False
         # the rarest terms point at the clauses a claim most likely comes from; the overlap is counted
         # on them only, which keeps the cost per claim bounded on huge or repetitive contexts
         ranked = sorted(
@@ -437,7 +617,55 @@ class ContextIndex:
             elif overlap > best_opp:
                 best_opp = overlap
         needed = max(2, (min(len(claim_keys), _MAX_LOOKUP_TERMS) + 1) // 2)
-        return best_opp >= needed and best_opp >= best_same
+        if best_opp < needed or best_opp < best_same:
+            return False, False
+        return best_opp > best_same, best_opp == best_same
+
+
+def _other_number(seg: _Segment, n: Number) -> list[float]:
+    """The numbers of ``n``'s kind (its unit; a year or not) other than ``n`` that ``seg`` states."""
+    year = _is_year(n.value) and n.unit is None
+    return [
+        v for v, unit in seg.values
+        if v != n.value and unit == n.unit and (_is_year(v) and unit is None) == year
+    ]
+
+
+def _is_year(v: float) -> bool:
+    return v.is_integer() and 1000 <= v <= 2100
+
+
+# endings a demonym or adjective of a place adds to its name ("Canadian", "Chinese", "British")
+_DEMONYM_ENDINGS = ("ian", "ean", "an", "ese", "ish", "ic", "i")
+# demonyms that do not share a stem with their place; generic English, not fitted to any data
+_IRREGULAR_DEMONYMS: dict[str, str] = {
+    "french": "france", "dutch": "netherlands", "swiss": "switzerland", "welsh": "wales",
+    "irish": "ireland", "scottish": "scotland", "scots": "scotland", "spanish": "spain",
+    "danish": "denmark", "swedish": "sweden", "finnish": "finland", "polish": "poland",
+    "greek": "greece", "thai": "thailand", "turkish": "turkey", "english": "england",
+    "filipino": "philippines", "norwegian": "norway", "peruvian": "peru", "belgian": "belgium",
+    "portuguese": "portugal", "yemeni": "yemen", "british": "britain", "uk": "britain",
+}
+
+
+def _demonym_base(token: str, capitalised: frozenset[str]) -> bool:
+    """Whether ``token`` and a capitalised word of the contexts are a place and its demonym, either way
+    round: from a small table ("french" ~ "france"), or a shared stem of at least four letters once the
+    demonym's ending is taken off ("italian" ~ "italy", "canadian" ~ "canada", "chinese" ~ "china")."""
+    place = _IRREGULAR_DEMONYMS.get(token)
+    if place is not None and place in capitalised:
+        return True
+    return any(_IRREGULAR_DEMONYMS.get(w) == token or _stem_pair(token, w) or _stem_pair(w, token)
+               for w in capitalised)
+
+
+def _stem_pair(demonym: str, place: str) -> bool:
+    for ending in _DEMONYM_ENDINGS:
+        if demonym.endswith(ending) and len(demonym) - len(ending) >= 4:
+            base = demonym[: -len(ending)]
+            if place != demonym and place.startswith(base) and len(place) <= len(base) + 3:
+                return True
+    return False
 
 
 def fact_keys(facts: Facts) -> frozenset[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 # --- word lists ----------------------------------------------------------------------------------
@@ -160,14 +159,22 @@ _TOKEN_RE = re.compile(
     rf"|(?P<word>[^\W\d_{_CJK}][^\W_{_CJK}]*(?:['\-][^\W_{_CJK}]+)*)"
     rf"|(?P<pct>%)"
 )
-_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u2010": "-", "\u2011": "-"})
+# characters that show nothing but split a word or number for a regex ("19\u200b69"): zero-width spaces
+# and joiners, the word joiner, the BOM, the soft hyphen and the bidirectional controls
+_INVISIBLE = "\u00ad\u180e\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062" \
+    "\u2063\u2064\u2066\u2067\u2068\u2069\ufeff"
+_APOSTROPHES = str.maketrans(
+    {"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u2010": "-", "\u2011": "-", **dict.fromkeys(_INVISIBLE)}
+)
 
 
 def normalize(text: str) -> str:
-    """NFKC, unified apostrophes and hyphens; keeps length roughly linear and never raises."""
+    """NFKC, unified apostrophes and hyphens, invisible characters removed; keeps length roughly linear
+    and never raises."""
     if text.isascii():  # O(1) on str; ASCII is NFKC-stable and holds no character to translate
         return text
-    return unicodedata.normalize("NFKC", text).translate(_APOSTROPHES)
+    # invisible characters go first: NFKC would otherwise see "19", a soft hyphen and "69"
+    return unicodedata.normalize("NFKC", text.translate(_APOSTROPHES)).translate(_APOSTROPHES)
 
 
 _VOWELS = frozenset("aeiouy")
@@ -386,7 +393,10 @@ def _name_follows(matches: list[re.Match[str]], i: int, n: int, text: str) -> bo
     if text[matches[i].end() : matches[i + 1].start()].strip(" &-"):
         return False
     nxt = _word(matches[i + 1].group())
-    return nxt.upper and nxt.nameable and nxt.date is None and _word(matches[i].group()).nameable
+    first = _word(matches[i].group())
+    # a light word ("Another", "Several") only starts the sentence, it does not start the name
+    return nxt.upper and nxt.nameable and nxt.date is None and first.nameable and (
+        first.key is not None or first.acronym or first.number)
 
 
 def analyze(text: str, sentence_start: bool = True) -> Facts:
@@ -555,20 +565,7 @@ def word_keys(text: str) -> tuple[set[str], set[str]]:
     return raw, keys
 
 
-# --- sentences and claims ------------------------------------------------------------------------
-
-_ABBREVIATIONS: frozenset[str] = _words(
-    """mr mrs ms dr prof sr jr st vs etc inc ltd co corp jan feb mar apr jun jul aug sep sept oct nov dec
-    no nos fig figs e.g i.e al approx dept est gen gov lt col sgt capt mt ft u.s u.k a.m p.m ca cf op
-    vol pp ed eds rev"""
-)
-# end of a sentence: terminal punctuation, optional closing quotes/brackets, then whitespace
-_SENT_END_RE = re.compile(r"[.!?\u3002\uff01\uff1f]+[\"'\u201d\u2019)\]]*(?=\s|$)|[\u3002\uff01\uff1f]")
-_LIST_MARKER_RE = re.compile(r"^\s*(?:[-*\u2022\u25cf\u2013]|\d{1,3}[.)]|[a-zA-Z][.)](?=\s))\s+")
-# any character a sentence end starts with: found by a fast charset scan, then _SENT_END_RE confirms
-_SENT_END_CHAR_RE = re.compile(r"[.!?\u3002\uff01\uff1f]")
-_WORD_BEFORE_RE = re.compile(r"([\w.]+)$")
-_NEXT_CHAR_RE = re.compile(r"\s*(\S)")
+# --- claims ------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,120 +575,6 @@ class Span:
     text: str
     terminated: bool
     sentence_start: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Resume:
-    """Where splitting a growing text can pick up again: every sentence before it is final, whatever
-    text is appended later."""
-
-    line_pos: int  # offset in the text of the line being split
-    lead: int  # characters cut from the line's start (list marker, blanks); -1: the line starts here
-    start: int  # offset in the cut line where the next sentence begins
-
-
-START = Resume(0, -1, 0)
-
-
-def sentences(text: str) -> list[Span]:
-    """Split ``text`` into sentences: lines first, then terminal punctuation, minding abbreviations,
-    initials and decimals. List markers are dropped. Linear in ``len(text)``."""
-    split = split_from(text, START)
-    assert split is not None  # a split from the start always succeeds
-    out = split[0]
-    # only the very last span can be "still being written"; earlier lines are complete
-    return [
-        s if s.terminated or i == len(out) - 1 else Span(s.text, True, s.sentence_start)
-        for i, s in enumerate(out)
-    ]
-
-
-def sentence_ranges(text: str) -> list[tuple[int, int, Span]]:
-    """The sentences of ``text`` (as :func:`sentences` finds them) with their char ranges in ``text``."""
-    out: list[tuple[int, int, Span]] = []
-    pos = 0
-    for span in sentences(text):
-        start = text.find(span.text, pos)
-        if start < 0:  # cannot happen (a span is a piece of the text); keep the range sane anyway
-            start = pos
-        end = min(len(text), start + len(span.text))
-        out.append((start, end, span))
-        pos = end
-    return out
-
-
-def split_from(text: str, resume: Resume) -> tuple[list[Span], int, Resume] | None:
-    """Split ``text`` from ``resume`` (a point that :func:`split_from` returned for a prefix of ``text``).
-
-    Returns the spans from there on, as :func:`sentences` finds them but before it marks all spans
-    except the last as terminated; how many of them are final however the text goes on; and the point
-    after those, to resume from once the text has grown. ``None`` when ``resume`` does not fit ``text``
-    (the line's list marker reads differently): split from :data:`START` instead.
-
-    A span is final once the line it is on is complete, or once a blank and more text follow its
-    terminal punctuation (that text decides abbreviations and lower-case continuations).
-    """
-    out: list[Span] = []
-    stable = 0
-    last = resume
-    pos = resume.line_pos
-    lead = resume.lead
-    this_lead = -1
-    while True:
-        nl = text.find("\n", pos)
-        complete = nl >= 0
-        raw = text[pos:nl] if complete else text[pos:]
-        cut = _LIST_MARKER_RE.sub("", raw, count=1)
-        line = cut.strip()
-        if lead >= 0 or not complete:
-            this_lead = len(raw) - len(cut.lstrip())
-            if lead >= 0 and this_lead != lead:
-                return None
-        start = resume.start if lead >= 0 else 0
-        for m in _sentence_ends(line, start):
-            end = m.end()
-            if m.group()[0] == ".":
-                before = _WORD_BEFORE_RE.search(line, max(start, m.start() - 20), m.start())
-                word = before.group(1).lower() if before else ""
-                if word.rstrip(".") in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
-                    continue
-                # "3. " inside a sentence is usually a list number or a decimal split by tokens
-                nxt = _NEXT_CHAR_RE.match(line, end)
-                if nxt and nxt.group(1).islower():
-                    continue
-            piece = line[start:end].strip()
-            if piece:
-                out.append(Span(piece, True))
-            start = end
-            # the line is stripped, so a blank here means more text follows on this line
-            if not complete and end < len(line) and line[end].isspace():
-                stable = len(out)
-                last = Resume(pos, this_lead, end)
-        rest = line[start:].strip()
-        if rest:
-            # a line without final punctuation (a heading, a list item, or text still being written)
-            out.append(Span(rest, rest[-1:] in ":"))
-        if not complete:
-            return out, stable, last
-        pos = nl + 1
-        lead = -1
-        stable = len(out)
-        last = Resume(pos, -1, 0)
-
-
-def _sentence_ends(line: str, pos: int) -> Iterator[re.Match[str]]:
-    """The matches of ``_SENT_END_RE.finditer(line, pos)``, faster: every match starts with a sentence-end
-    character, and the regex engine finds those with a charset scan but tries a full match at every
-    position of a plain ``finditer``."""
-    search = _SENT_END_CHAR_RE.search
-    match = _SENT_END_RE.match
-    while (c := search(line, pos)) is not None:
-        m = match(line, c.start())
-        if m is None:
-            pos = c.start() + 1
-        else:
-            yield m
-            pos = m.end()
 
 
 _CLAUSE_SPLIT_RE = re.compile(r"\s*;\s*|,?\s+(?:but|whereas|while|although|however,?)\s+|,?\s+and\s+", re.I)
