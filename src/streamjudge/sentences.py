@@ -737,10 +737,10 @@ def split_units(text: str, max_sentence_chars: int = 1000) -> list[Sentence]:
     that does not run on into the next one as a unit of its own.
 
     A heading (a Markdown ``#`` line, or a short line without final punctuation whose words are mostly
-    capitalised or at most three: "Refund Policy"), a list item and each cell of a table row (``|`` or
-    tab separated) start and end units; the prose between them is split by :func:`split_sentences` (a
-    soft-wrapped line still continues its sentence). List markers, heading marks and cell separators are
-    not part of a unit; ranges are in ``text``'s coordinates. This is for whole texts (contexts, a judged
+    capitalised or at most three: "Refund Policy"), a list item and a table row (``|`` or tab separated
+    cells) start and end units; the prose between them is split by :func:`split_sentences` (a
+    soft-wrapped line still continues its sentence). List markers, heading marks and a row's outer pipes
+    are not part of a unit; ranges are in ``text``'s coordinates. This is for whole texts (contexts, a judged
     answer); the streaming :class:`SentenceBuffer` decides the live stream's sentences.
     """
     out: list[Sentence] = []
@@ -767,12 +767,14 @@ def split_units(text: str, max_sentence_chars: int = 1000) -> list[Sentence]:
             flush()
             continue
         if line.count("|") >= 2 or "\t" in body:
+            # a table row is one unit (its cells belong together: "Pro | $25"), without its outer pipes;
+            # a separator row ("|---|---|") is none
             flush()
-            for cell in _UNIT_CELL_RE.finditer(line):
-                value = cell.group().strip()
-                if value.strip("-: "):
-                    a = start + cell.start() + (len(cell.group()) - len(cell.group().lstrip()))
-                    out.append(Sentence(value, a, a + len(value)))
+            cells = [c for c in _UNIT_CELL_RE.finditer(line) if c.group().strip(" -:")]
+            if cells:
+                a = start + cells[0].start() + (len(cells[0].group()) - len(cells[0].group().lstrip()))
+                b = start + cells[-1].start() + len(cells[-1].group().rstrip())
+                out.append(Sentence(text[a:b], a, b))
             continue
         item = _UNIT_LIST_RE.match(line)
         head = _UNIT_HEADING_RE.match(line) if item is None else None

@@ -336,6 +336,8 @@ class ContextIndex:
             if w in NUMBER_WORDS:
                 values.add(NUMBER_WORDS[w])
         self.raw_words = frozenset(raw)
+        # the parts of hyphenated words: "Coca Cola" is a form of "Coca-Cola"
+        self._hyphen_parts = frozenset(p for w in raw if "-" in w for p in w.split("-") if p)
         self.any_negated = any(self.clause_negated)
         self.months = frozenset(w[:3] for w in raw if w in MONTHS)
         self.keys = frozenset(keys)
@@ -420,7 +422,7 @@ class ContextIndex:
         tie_keys = claim_keys | antecedent
         groups = facts.groups
         for k, (surface, tokens) in enumerate(facts.entities):
-            if not all(self._knows_name_token(t) for t in tokens):
+            if not all(self._knows_name_token(t, w) for t, w in zip(tokens, surface.split(), strict=False)):
                 names.append(surface)
                 continue
             others = tie_keys
@@ -435,7 +437,8 @@ class ContextIndex:
             if not values:
                 # "two films", "three times": a small count in words is often the summary's own count
                 # of what the context lists; it weighs as a content word, not as a hard fact
-                if n.value <= _SMALL_COUNT and n.surface.lower() in NUMBER_WORDS:
+                if (n.value <= _SMALL_COUNT and n.surface.lower() in NUMBER_WORDS
+                        and (n.unit is None or not self._count_contradicted(n, claim_keys))):
                     words.append(n.surface)
                     soft_missing += 1
                 else:
@@ -478,7 +481,7 @@ class ContextIndex:
             negation_tie=tie and not flip,
         )
 
-    def _knows_name_token(self, token: str) -> bool:
+    def _knows_name_token(self, token: str, written: str) -> bool:
         """Whether one word of a name occurs in the contexts, in any of the forms a name takes: as
         written, its key, the parts of a hyphenated name ("Coca-Cola" for "Coca Cola") or the word
         they join into, an acronym of a capitalised run ("NASA"), or a demonym of a place ("French")."""
@@ -488,41 +491,76 @@ class ContextIndex:
             parts = token.split("-")
             if all(self.has_word(p, term(p)) for p in parts if p) or "".join(parts) in self.raw_words:
                 return True
-        if token in self.capitalised:
+            rest = written[token.index("-") + 1 :]
+            if not rest[:1].isupper() and self._knows_name_token(parts[0], parts[0]):
+                return True  # "Canada-based", "Paris-born": the name is the capitalised part
+        if token in self.capitalised or token in self._hyphen_parts:
             return True
         return _demonym_base(token, self.capitalised)
 
     def _role_swap(self, n: Number, facts: Facts, values: list[float]) -> str | None:
         """When every context segment stating the number ``n`` says it of something the claim does not
-        name, while a name the claim gives has another number of the same kind in the contexts: "opened
-        the York office in 2012" against "opened the Leeds office in 2012 and the York office in 2016".
+        name (a name, else a word), while a name the claim gives, absent from that segment, has another
+        number of the same kind: "opened the York office in 2012" against "opened the Leeds office in
+        2012 and the York office in 2016". A segment that holds some of the claim's names shows a swap
+        only beside a segment of its own sentence that gives the missing name another number ("won the
+        Nobel Prize in Chemistry in 1903" against "... in Physics in 1903 and ... in Chemistry in 1911").
         The reason names what the number is said of; ``None`` when no swap shows."""
-        claim_names = frozenset(k for _, toks in facts.entities for k in (*toks, *map(term, toks)))
+        names = [frozenset((*toks, *map(term, toks))) for _, toks in facts.entities]
         segs = list(dict.fromkeys(sid for v in values for sid in self._value_segs.get(v, ())))
-        if not segs or not claim_names:
+        if not segs or not names:
             return None
-        claim_terms = {k for k, _ in facts.terms}
+        claim_keys = fact_keys(facts)
         label = None
         for sid in segs:
             seg = self._segs[sid]
-            if claim_names & seg.keys:
-                return None  # the number is said beside a name the claim gives
-            mine = next((surface for keys, surface in seg.names if not keys & claim_names), None)
-            if mine is None:  # no name: the role the number is said of is a word the claim lacks
-                mine = next((surface for key, surface in seg.terms if key not in claim_terms), None)
+            absent = [keys for keys in names if not keys & seg.keys]
+            if not absent:
+                return None  # every name of the claim is said beside the number
+            mine = next((surface for keys, surface in seg.names if not keys & claim_keys), None)
+            if mine is None and len(absent) == len(names):  # the role is a word the claim lacks
+                mine = next((surface for key, surface in seg.terms if key not in claim_keys), None)
             if mine is None:
                 return None
+            missing = frozenset().union(*absent)
+            beside = self._same_sentence(sid) if len(absent) < len(names) else None
+            if not self._has_other_number(missing, n, facts, beside):
+                return None
             label = label or mine
-        if label is None or not self._has_other_number(claim_names, n, facts):
-            return None
-        return f"{n.surface} is said of {label}"
+        return f"{n.surface} is said of {label}" if label else None
 
-    def _has_other_number(self, names: frozenset[str], n: Number, facts: Facts) -> bool:
-        """Whether a context segment gives one of ``names`` a number of ``n``'s kind that the claim
-        does not state."""
+    def _count_contradicted(self, n: Number, claim_keys: frozenset[str]) -> bool:
+        """Whether a context sentence that shares two words with the claim states another small count
+        ("never more than twice a day" against "four times a day"; asked of counts with a unit only:
+        "two films" is often the claim's own count of what the context lists)."""
+        words = frozenset(k for k in claim_keys if not k.startswith(("#", "@")))
+        for v in range(1, _SMALL_COUNT + 1):
+            if v == n.value:
+                continue
+            for sid in self._value_sentences.get(float(v), ()):
+                if len(words & self.sentence_keys[sid]) >= 2:
+                    return True
+        return False
+
+    def _same_sentence(self, sid: int) -> frozenset[int]:
+        sentence = self._seg_sentence[sid]
+        lo, hi = sid, sid
+        while lo > 0 and self._seg_sentence[lo - 1] == sentence:
+            lo -= 1
+        while hi + 1 < len(self._segs) and self._seg_sentence[hi + 1] == sentence:
+            hi += 1
+        return frozenset(range(lo, hi + 1))
+
+    def _has_other_number(
+        self, names: frozenset[str], n: Number, facts: Facts, among: frozenset[int] | None = None
+    ) -> bool:
+        """Whether a context segment (of ``among`` when given) gives one of ``names`` a number of
+        ``n``'s kind that the claim does not state."""
         stated = [(c.value - c.tolerance, c.value + c.tolerance) for c in facts.numbers]
         for key in names:
             for sid in self._seg_postings.get(key, ()):
+                if among is not None and sid not in among:
+                    continue
                 if any(not any(lo <= v <= hi for lo, hi in stated)
                        for v in _other_number(self._segs[sid], n)):
                     return True
@@ -605,9 +643,12 @@ class ContextIndex:
             key=lambda k: (len(self._postings[k]), k),
         )[:_MAX_LOOKUP_TERMS]
         counts: dict[int, int] = {}
+        # a name pins the clause a claim restates better than a common word does: it counts twice
+        names = {t for _, toks in facts.entities for t in (*toks, *map(term, toks))}
         for k in ranked:
+            weight = 2 if k in names else 1
             for cid in self._postings[k]:
-                counts[cid] = counts.get(cid, 0) + 1
+                counts[cid] = counts.get(cid, 0) + weight
         best_same = best_opp = 0
         negated = self.clause_negated
         for cid, overlap in counts.items():

@@ -145,7 +145,7 @@ SCALES: dict[str, float] = {
     "billion": 1e9, "billions": 1e9, "bn": 1e9, "b": 1e9, "trillion": 1e12, "tn": 1e12,
 }
 _OPENERS_RE = re.compile(r'[:"(\u201c\u00ab\[\n]')
-_BREAKS_RE = re.compile(r'[,;:()"\u201c\u201d\n]')
+_BREAKS_RE = re.compile(r'[,;:()"\u201c\u201d\n|\t]')
 _WORD_SCALES = frozenset({"hundred", "thousand", "million", "millions", "billion", "billions", "trillion"})
 
 # --- tokens --------------------------------------------------------------------------------------
@@ -220,6 +220,21 @@ def stem(word: str) -> str:
             w = w[:-1] + "y"  # "easily" -> "easy"
     if len(w) > 2 and w.endswith("e"):
         w = w[:-1]
+    return _american(w)
+
+
+def _american(w: str) -> str:
+    """One key for the British and American spellings of a stem: "colour"/"color", "centre"/"center",
+    "organis(e)"/"organiz(e)", "programme"/"program". Applied to both sides alike, so a rare collision
+    of two unrelated words is the only cost."""
+    if len(w) >= 6 and w.endswith("our"):
+        return w[:-3] + "or"
+    if len(w) >= 4 and w.endswith(("tr", "br")) and w[-3] not in _VOWELS:
+        return w[:-1] + "er"
+    if len(w) >= 7 and w.endswith("is"):
+        return w[:-2] + "iz"
+    if len(w) >= 8 and w.endswith("amm"):
+        return w[:-1]
     return w
 
 
@@ -304,7 +319,9 @@ def _word(tok: str) -> _Word:
         lower = lower[:-2]  # "here's", "Europe's": the base word decides what the token is
     negation = lower in NEGATIONS or lower.endswith("n't")
     upper = tok[0].isupper()
-    date = lower[:3] if lower in MONTHS and (lower not in _AMBIGUOUS_MONTHS or upper) else None
+    # "Tuesdays", "Mondays": a plural day name is a date too
+    base = lower[:-1] if lower.endswith("days") else lower
+    date = lower[:3] if base in MONTHS and (base not in _AMBIGUOUS_MONTHS or upper) else None
     content = not (
         lower in STOPWORDS
         or lower in NEGATIONS
@@ -361,6 +378,7 @@ _UNIT_GROUPS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("%", "percent", "per cent", "pct"), ("points", "point", "percentage points")),
     (("s", "sec", "second", "seconds"), ("min", "minute", "minutes"), ("h", "hr", "hour", "hours"),
      ("day", "days"), ("week", "weeks"), ("month", "months"), ("year", "years")),
+    (("times",),),  # "four times a day": a count of occurrences, not of things the text lists
 )
 UNITS: dict[str, tuple[int, str]] = {
     name: (g, forms[0]) for g, group in enumerate(_UNIT_GROUPS) for forms in group for name in forms

@@ -321,7 +321,7 @@ def _evidence(verdict: ClaimVerdict, policy: Policy) -> list[tuple[str, str, str
     hard = "fail"
     # lenient: only what a reader checks at a glance fails (numbers, dates, units, a flipped negation)
     soft_hard = "uncertain" if policy.strictness == "lenient" else "fail"
-    names = "uncertain" if policy.names_absent == "uncertain" else soft_hard
+    names = "fail" if policy.names_absent == "fail" else "uncertain"
     out: list[tuple[str, str, str]] = []
     if verdict.missing_numbers:
         out.append((hard, "number", "number not in context: " + ", ".join(verdict.missing_numbers[:6])))
