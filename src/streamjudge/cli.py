@@ -200,7 +200,15 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from streamjudge.offline.calibrate import best, lowest_scores, sweep, write_chart, write_csv
+    from streamjudge.config import STRICTNESS
+    from streamjudge.offline.calibrate import (
+        best,
+        by_strictness,
+        lowest_scores,
+        sweep,
+        write_chart,
+        write_csv,
+    )
 
     cases = [c for c in _load(args) if c.expect_alert is not None]
     if not cases:
@@ -221,6 +229,15 @@ def _calibrate(args: argparse.Namespace) -> int:
     rows = sweep(lows, expected)
     top = best(rows)
     current = sweep(lows, expected, [settings.threshold])[0]
+    progress = _Progress(len(cases) * len(STRICTNESS), sys.stderr)
+    progress.draw()
+    try:
+        strict_rows = by_strictness(
+            cases, settings, chunk_size=args.chunk_size, concurrency=args.concurrency,
+            judges=lambda st: _judges(st, _judge_source(args)),
+            on_result=lambda _r: progress.step(lambda: None))
+    finally:
+        progress.clear()
 
     csv_path = write_csv(rows, args.csv)
     print(f"streamjudge calibrate: wrote {csv_path}", file=sys.stderr)
@@ -240,6 +257,14 @@ def _calibrate(args: argparse.Namespace) -> int:
                 "threshold": r.threshold, "tp": r.true_positives, "fp": r.false_positives,
                 "fn": r.false_negatives, "tn": r.true_negatives, "precision": r.precision,
                 "recall": r.recall, "balanced_accuracy": r.balanced_accuracy,
+            }))
+        for sr in strict_rows:
+            print(json.dumps({
+                "strictness": sr.strictness, "threshold": settings.threshold,
+                "false_alarm_rate": sr.false_alarm_rate, "catch_rate": sr.catch_rate,
+                "balanced_accuracy": sr.counts.balanced_accuracy, "tp": sr.counts.true_positives,
+                "fp": sr.counts.false_positives, "fn": sr.counts.false_negatives,
+                "tn": sr.counts.true_negatives,
             }))
         print(json.dumps({
             "summary": True, "cases": len(cases), "judge": settings.judge,
@@ -264,6 +289,14 @@ def _calibrate(args: argparse.Namespace) -> int:
             f"{settings.threshold} gives {fmt(current.balanced_accuracy)}. Set STREAMJUDGE_THRESHOLD to use "
             f"it; tuned on these {len(cases)} cases, so check it on cases you did not tune on."
         )
+    grounded = sum(1 for e in expected if not e)
+    print(f"\nat threshold {settings.threshold}, by strictness (STREAMJUDGE_STRICTNESS; now "
+          f"{settings.strictness}): false alarms on the {grounded} grounded cases, catches among the "
+          f"{len(cases) - grounded} others")
+    print("{:>10} {:>13} {:>11} {:>8}".format("strictness", "false alarms", "catch rate", "bal.acc"))
+    for sr in strict_rows:
+        print(f"{sr.strictness:>10} {fmt(sr.false_alarm_rate):>13} {fmt(sr.catch_rate):>11} "
+              f"{fmt(sr.counts.balanced_accuracy):>8}")
     return 0
 
 
