@@ -147,3 +147,10 @@ def test_settings_read_strictness_and_the_names_policy_from_the_environment() ->
         load_settings({"STREAMJUDGE_STRICTNESS": "loose"})
     with pytest.raises(ConfigError):
         Settings(names_absent="maybe")  # type: ignore[arg-type]
+
+
+def test_number_words_in_the_contexts_do_not_break_the_role_swap_check() -> None:
+    # "two" is a number word (an int, not a float, in the tables): its segment is read like any other
+    ctx = "The Leeds office opened in 2012, and the York office opened in 2016 with two staff."
+    s = judge(ctx, "The York office opened in 2012.")
+    assert s.skipped is None and s.sentences[0].kind == "role_swap", s.explanation

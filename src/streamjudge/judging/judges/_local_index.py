@@ -188,7 +188,7 @@ def _extra_values(text: str, raw: set[str]) -> frozenset[float]:
         out.add(float((m.group(3) or century) + end))
     for w in raw:
         if "-" in w:
-            out.update(NUMBER_WORDS[p] for p in w.split("-") if p in NUMBER_WORDS)
+            out.update(float(NUMBER_WORDS[p]) for p in w.split("-") if p in NUMBER_WORDS)
     return frozenset(out)
 
 
@@ -673,7 +673,7 @@ def _other_number(seg: _Segment, n: Number) -> list[float]:
 
 
 def _is_year(v: float) -> bool:
-    return v.is_integer() and 1000 <= v <= 2100
+    return 1000 <= v <= 2100 and float(v).is_integer()
 
 
 # endings a demonym or adjective of a place adds to its name ("Canadian", "Chinese", "British")
