@@ -145,7 +145,8 @@ class ContextPart:
             # description by a word of the name before)
             refers = PRONOUN_RE.match(span.text) is not None or _refers_back(span.text, before)
             carried = before if refers else frozenset()
-            segments.extend(_segments(span, len(per_sentence)))
+            if any(c.values for c in clauses):  # role swaps are read from segments that state numbers
+                segments.extend(_segments(span, len(per_sentence)))
             per_sentence.append((tuple(clauses), carried))
             before = subject or carried
         return cls(frozenset(raw), frozenset(keys), tuple(per_sentence), frozenset(keys | raw | facts_keys),
@@ -159,8 +160,7 @@ _SEGMENT_RE = re.compile(r"\s*[;:]\s*|(?<!\d)\s*,\s*|\s+(?:and|but|while|whereas
 
 
 def _segments(span: Span, sentence: int) -> list[_Segment]:
-    """The segments of one context sentence that hold a number (the only ones a role swap is read from)
-    or a name or word (what a swapped number may belong to)."""
+    """The segments of one context sentence that state a number: what a role swap is read from."""
     out: list[_Segment] = []
     start = 0
     text = span.text
@@ -169,6 +169,9 @@ def _segments(span: Span, sentence: int) -> list[_Segment]:
         piece = text[start:a]
         if piece.strip():
             facts = analyze(piece, sentence_start=start == 0 and span.sentence_start)
+            if not facts.numbers:
+                start = b
+                continue
             keys = frozenset(k for k in fact_keys(facts) if not k.startswith("#"))
             names = tuple((frozenset((*toks, *map(term, toks))), surface) for surface, toks in facts.entities)
             out.append(_Segment(sentence, keys, tuple((n.value, n.unit) for n in facts.numbers), names,
