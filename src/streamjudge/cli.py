@@ -158,6 +158,8 @@ def _replay(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}
     if args.threshold is not None:
         overrides["threshold"] = args.threshold
+    if args.strictness is not None:
+        overrides["strictness"] = args.strictness
     settings = _settings(args, **overrides)
     final_judge, checkpoint_judge = _judges(settings, _judge_source(args))
     print(f"streamjudge replay: {len(cases)} cases, judge={settings.judge} "
@@ -481,7 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="stream recorded answers through the guard and check expected alerts")
     rp.add_argument("cases", help="JSON Lines file: question, contexts, answer, optional id, expect_alert")
     judge_options(rp)
-    rp.add_argument("--threshold", type=_unit, default=None, help="pass threshold for every metric")
+    rp.add_argument("--threshold", type=_unit, default=None,
+                    help="pass threshold for every metric (judges with sentence verdicts, such as local, "
+                         "alert on their fails instead; see --strictness)")
+    rp.add_argument("--strictness", choices=("lenient", "default", "strict"), default=None,
+                    help="what an uncertain sentence does: strict alerts on it too (default: "
+                         "STREAMJUDGE_STRICTNESS, else default)")
     rp.add_argument("--json", action="store_true",
                     help="one JSON object per case as it finishes (with the judge's explanations), then a "
                          "summary object")

@@ -204,8 +204,8 @@ class LocalJudge:
             return Score(name, None, skipped="empty_answer")
         if not _has_text(item.contexts):
             return Score(name, None, skipped="no_contexts")
-        return _claims_score(name, self._index(item.contexts), item.answer, what="claims", prefix=item.prefix,
-                             policy=self.policy)
+        return _claims_score(name, self._index(item.contexts), item.answer, what="sentences",
+                             prefix=item.prefix, policy=self.policy)
 
     def _context_recall(self, item: EvalInput) -> Score:
         name = semconv.CONTEXT_RECALL
@@ -213,7 +213,7 @@ class LocalJudge:
             return Score(name, None, skipped="no_reference")
         if not _has_text(item.contexts):
             return Score(name, None, skipped="no_contexts")
-        return _claims_score(name, self._index(item.contexts), item.reference, what="reference claims",
+        return _claims_score(name, self._index(item.contexts), item.reference, what="reference sentences",
                              policy=self.policy)
 
     def _context_precision(self, item: EvalInput) -> Score:
@@ -389,8 +389,7 @@ def _claims_score(name: str, index: ContextIndex, text: str, *, what: str, prefi
     if not per_sentence:
         return Score(name, None, skipped="no_claims")
     value = sum(s.value for s in per_sentence) / len(per_sentence)
-    head = (f"{counts['supported']}/{len(per_sentence)} sentences' {what} supported, "
-            f"{counts['uncertain']} uncertain, {counts['fail']} failed")
+    head = f"{counts['fail']} of {len(per_sentence)} {what} unsupported, {counts['uncertain']} uncertain"
     if not listed:
         return Score(name, value, explanation=head, sentences=tuple(per_sentence))
     extra = counts["uncertain"] + counts["fail"] - len(listed)
