@@ -14,7 +14,7 @@ import bisect
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from streamjudge._fork import after_fork_in_child
@@ -104,7 +104,7 @@ class ContextPart:
     # per sentence, its clauses and the words of the sentence before when it opens with a pronoun
     sentences: tuple[tuple[tuple[_Clause, ...], frozenset[str]], ...]
     all_keys: frozenset[str]  # words, keys and fact keys: what context precision matches against
-    segments: tuple[_Segment, ...] = ()
+    texts: tuple[str, ...] = ()  # each sentence's text: its segments are analysed when a claim asks
     # capitalised words and the initials of capitalised runs: what an answer's name or acronym may be
     # another form of ("NASA", "French" for "France")
     capitalised: frozenset[str] = frozenset()
@@ -121,7 +121,7 @@ class ContextPart:
         text = _GLUED_RE.sub(". ", normalize(context))
         raw, keys = word_keys(text)
         per_sentence: list[tuple[tuple[_Clause, ...], frozenset[str]]] = []
-        segments: list[_Segment] = []
+        texts: list[str] = []
         facts_keys: set[str] = set()
         before: frozenset[str] = frozenset()  # the first name of the sentence before
         headings: set[str] = set()
@@ -145,12 +145,12 @@ class ContextPart:
             # description by a word of the name before)
             refers = PRONOUN_RE.match(span.text) is not None or _refers_back(span.text, before)
             carried = before if refers else frozenset()
-            if any(c.values for c in clauses):  # role swaps are read from segments that state numbers
-                segments.extend(_segments(span, len(per_sentence)))
+            # role swaps are read from segments that state numbers: only such sentences keep their text
+            texts.append(span.text if any(c.values for c in clauses) else "")
             per_sentence.append((tuple(clauses), carried))
             before = subject or carried
         return cls(frozenset(raw), frozenset(keys), tuple(per_sentence), frozenset(keys | raw | facts_keys),
-                   tuple(segments), _capitalised(text), frozenset(headings), _extra_values(text, raw))
+                   tuple(texts), _capitalised(text), frozenset(headings), _extra_values(text, raw))
 
 
 _TERMINAL = frozenset(".!?\u3002\uff01\uff1f\u2026")
@@ -159,16 +159,15 @@ _HEADING_WORDS = 10
 _SEGMENT_RE = re.compile(r"\s*[;:]\s*|(?<!\d)\s*,\s*|\s+(?:and|but|while|whereas|or)\s+", re.IGNORECASE)
 
 
-def _segments(span: Span, sentence: int) -> list[_Segment]:
+def _segments(text: str, sentence: int) -> tuple[_Segment, ...]:
     """The segments of one context sentence that state a number: what a role swap is read from."""
     out: list[_Segment] = []
     start = 0
-    text = span.text
     bounds = [m.span() for m in _SEGMENT_RE.finditer(text)]
     for a, b in [*bounds, (len(text), len(text))]:
         piece = text[start:a]
         if piece.strip():
-            facts = analyze(piece, sentence_start=start == 0 and span.sentence_start)
+            facts = analyze(piece, sentence_start=start == 0)
             if not facts.numbers:
                 start = b
                 continue
@@ -177,7 +176,7 @@ def _segments(span: Span, sentence: int) -> list[_Segment]:
             out.append(_Segment(sentence, keys, tuple((n.value, n.unit) for n in facts.numbers), names,
                                 facts.terms))
         start = b
-    return out
+    return tuple(out)
 
 
 _YEAR_RANGE_RE = re.compile(r"\b(1[0-9]|20)(\d\d)\s*(?:-{1,2}|\u2013|\u2014|to)\s*((?:1[0-9]|20)?)(\d\d)\b")
@@ -282,10 +281,7 @@ class ContextIndex:
         capitalised: set[str] = set()
         extra_values: set[float] = set()
         headings: set[str] = set()
-        self._segs: list[_Segment] = []
-        self._seg_sentence: list[int] = []
-        seg_postings: dict[str, list[int]] = {}
-        value_segs: dict[float, list[int]] = {}
+        self._texts: list[str] = []
         for ctx in contexts:
             part = seen.get(ctx)
             if part is None:
@@ -299,19 +295,7 @@ class ContextIndex:
             capitalised |= part.capitalised
             extra_values |= part.extra_values
             headings |= part.headings
-            first = len(self.sentence_keys)
-            for seg in part.segments:
-                sid = len(self._segs)
-                self._segs.append(seg)
-                self._seg_sentence.append(first + seg.sentence)
-                for k in seg.keys:
-                    slist = seg_postings.setdefault(k, [])
-                    if len(slist) <= _MAX_POSTINGS:
-                        slist.append(sid)
-                for v, _ in seg.values:
-                    vs = value_segs.setdefault(v, [])
-                    if len(vs) <= _MAX_ATTACH:
-                        vs.append(sid)
+            self._texts.extend(part.texts)
             for clauses, antecedent in part.sentences:
                 sent = len(self.sentence_keys)
                 s_keys: set[str] = set(antecedent)
@@ -349,8 +333,8 @@ class ContextIndex:
         self._carried = carried
         self._value_units = value_units
         self._postings = postings
-        self._seg_postings = seg_postings
-        self._value_segs = value_segs
+        # segments of the sentences a role-swap check has read, by sentence (filled on demand)
+        self._segments: dict[int, tuple[_Segment, ...]] = {}
         self.capitalised = frozenset(capitalised)
         self.headings = frozenset(headings)
         self._verdicts: OrderedDict[
@@ -510,13 +494,17 @@ class ContextIndex:
         Nobel Prize in Chemistry in 1903" against "... in Physics in 1903 and ... in Chemistry in 1911").
         The reason names what the number is said of; ``None`` when no swap shows."""
         names = [frozenset((*toks, *map(term, toks))) for _, toks in facts.entities]
-        segs = list(dict.fromkeys(sid for v in values for sid in self._value_segs.get(v, ())))
-        if not segs or not names:
+        if not names:
+            return None
+        wanted = set(values)
+        sentences = dict.fromkeys(s for v in values for s in self._value_sentences.get(v, ()))
+        segs = [(sid, seg) for sid in sentences
+                for seg in self._segments_of(sid) if any(v in wanted for v, _ in seg.values)]
+        if not segs:
             return None
         claim_keys = fact_keys(facts)
         label = None
-        for sid in segs:
-            seg = self._segs[sid]
+        for sid, seg in segs:
             absent = [keys for keys in names if not keys & seg.keys]
             if not absent:
                 return None  # every name of the claim is said beside the number
@@ -525,12 +513,36 @@ class ContextIndex:
                 mine = next((surface for key, surface in seg.terms if key not in claim_keys), None)
             if mine is None:
                 return None
-            missing = frozenset().union(*absent)
-            beside = self._same_sentence(sid) if len(absent) < len(names) else None
-            if not self._has_other_number(missing, n, facts, beside):
+            beside = sid if len(absent) < len(names) else None
+            if not self._has_other_number(frozenset().union(*absent), n, facts, beside):
                 return None
             label = label or mine
         return f"{n.surface} is said of {label}" if label else None
+
+    def _segments_of(self, sentence: int) -> tuple[_Segment, ...]:
+        segs = self._segments.get(sentence)
+        if segs is None:  # computed twice at worst when two threads ask at once; the same either way
+            text = self._texts[sentence] if sentence < len(self._texts) else ""
+            segs = self._segments[sentence] = _segments(text, sentence) if text else ()
+        return segs
+
+    def _has_other_number(
+        self, names: frozenset[str], n: Number, facts: Facts, sentence: int | None = None
+    ) -> bool:
+        """Whether a context segment (of ``sentence`` when given) gives one of ``names`` a number of
+        ``n``'s kind that the claim does not state."""
+        stated = [(c.value - c.tolerance, c.value + c.tolerance) for c in facts.numbers]
+        for key in names:
+            if sentence is not None:
+                candidates: Iterable[int] = (sentence,)
+            else:
+                candidates = dict.fromkeys(self.clause_sentence[c] for c in self._postings.get(key, ()))
+            for sid in candidates:
+                for seg in self._segments_of(sid):
+                    if key in seg.keys and any(not any(lo <= v <= hi for lo, hi in stated)
+                                               for v in _other_number(seg, n)):
+                        return True
+        return False
 
     def _count_contradicted(self, n: Number, claim_keys: frozenset[str]) -> bool:
         """Whether a context sentence that shares two words with the claim states another small count
@@ -542,30 +554,6 @@ class ContextIndex:
                 continue
             for sid in self._value_sentences.get(float(v), ()):
                 if len(words & self.sentence_keys[sid]) >= 2:
-                    return True
-        return False
-
-    def _same_sentence(self, sid: int) -> frozenset[int]:
-        sentence = self._seg_sentence[sid]
-        lo, hi = sid, sid
-        while lo > 0 and self._seg_sentence[lo - 1] == sentence:
-            lo -= 1
-        while hi + 1 < len(self._segs) and self._seg_sentence[hi + 1] == sentence:
-            hi += 1
-        return frozenset(range(lo, hi + 1))
-
-    def _has_other_number(
-        self, names: frozenset[str], n: Number, facts: Facts, among: frozenset[int] | None = None
-    ) -> bool:
-        """Whether a context segment (of ``among`` when given) gives one of ``names`` a number of
-        ``n``'s kind that the claim does not state."""
-        stated = [(c.value - c.tolerance, c.value + c.tolerance) for c in facts.numbers]
-        for key in names:
-            for sid in self._seg_postings.get(key, ()):
-                if among is not None and sid not in among:
-                    continue
-                if any(not any(lo <= v <= hi for lo, hi in stated)
-                       for v in _other_number(self._segs[sid], n)):
                     return True
         return False
 
