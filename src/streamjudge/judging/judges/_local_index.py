@@ -113,6 +113,7 @@ class ContextPart:
     # written short or long ("2007-11" states 2011, "2007-2011" states 11), a number word inside a
     # hyphenated word ("three-year")
     extra_values: frozenset[float] = frozenset()
+    tallies: bool = False  # states a tally such as a score ("4-1")
 
     @classmethod
     def of(cls, context: str) -> ContextPart:
@@ -150,7 +151,8 @@ class ContextPart:
             per_sentence.append((tuple(clauses), carried))
             before = subject or carried
         return cls(frozenset(raw), frozenset(keys), tuple(per_sentence), frozenset(keys | raw | facts_keys),
-                   tuple(texts), _capitalised(text), frozenset(headings), _extra_values(text, raw))
+                   tuple(texts), _capitalised(text), frozenset(headings), _extra_values(text, raw),
+                   _TALLY_RE.search(text) is not None)
 
 
 _TERMINAL = frozenset(".!?\u3002\uff01\uff1f\u2026")
@@ -179,6 +181,7 @@ def _segments(text: str, sentence: int) -> tuple[_Segment, ...]:
     return tuple(out)
 
 
+_TALLY_RE = re.compile(r"(?<![\d.,])\d{1,2} ?[-\u2013\u2014] ?\d{1,2}(?![\d.,]\d)")
 _YEAR_RANGE_RE = re.compile(r"\b(1[0-9]|20)(\d\d)\s*(?:-{1,2}|\u2013|\u2014|to)\s*((?:1[0-9]|20)?)(\d\d)\b")
 
 
@@ -279,6 +282,7 @@ class ContextIndex:
         seen: dict[str, ContextPart] = {}
         added: set[str] = set()
         capitalised: set[str] = set()
+        tallies = False
         extra_values: set[float] = set()
         headings: set[str] = set()
         self._texts: list[str] = []
@@ -293,6 +297,7 @@ class ContextIndex:
                 continue  # a repeated context adds no sentence a claim could come from
             added.add(ctx)
             capitalised |= part.capitalised
+            tallies = tallies or part.tallies
             extra_values |= part.extra_values
             headings |= part.headings
             self._texts.extend(part.texts)
@@ -323,6 +328,9 @@ class ContextIndex:
             if w in NUMBER_WORDS:
                 values.add(NUMBER_WORDS[w])
         self.raw_words = frozenset(raw)
+        # whether the contexts state a tally themselves ("4-1"): then a claim's other tally contradicts
+        # them; without one, a tally is the claim's own count of what the contexts narrate
+        self.tallies = tallies
         # the parts of hyphenated words: "Coca Cola" is a form of "Coca-Cola"
         self._hyphen_parts = frozenset(p for w in raw if "-" in w for p in w.split("-") if p)
         self.any_negated = any(self.clause_negated)
@@ -424,7 +432,8 @@ class ContextIndex:
             if not values:
                 # "two films", "three times": a small count in words is often the summary's own count
                 # of what the context lists; it weighs as a content word, not as a hard fact
-                if (n.value <= _SMALL_COUNT and n.surface.lower() in NUMBER_WORDS
+                if (n.tally and not self.tallies) or (
+                        n.value <= _SMALL_COUNT and n.surface.lower() in NUMBER_WORDS
                         and (n.unit is None or not self._count_contradicted(n, claim_keys))):
                     words.append(n.surface)
                     soft_missing += 1
@@ -432,7 +441,7 @@ class ContextIndex:
                     numbers.append(n.surface)
             elif n.unit is not None and (other := self._other_unit(values, n.unit)):
                 units.append(f"{n.surface} {n.unit} (context: {other})")
-            elif (swap := self._role_swap(n, facts, values)) is not None:
+            elif not _small_count(n) and (swap := self._role_swap(n, facts, values)) is not None:
                 swaps.append(swap)
             elif not self._attached_number(values, tie_keys - {f"#{n.value:g}"}):
                 detached.append(n.surface)
@@ -661,6 +670,11 @@ def _other_number(seg: _Segment, n: Number) -> list[float]:
         v for v, unit in seg.values
         if v != n.value and unit == n.unit and (_is_year(v) and unit is None) == year
     ]
+
+
+def _small_count(n: Number) -> bool:
+    """A small count written in words ("four episodes"): often the claim's own count, a weak fact."""
+    return n.value <= _SMALL_COUNT and n.surface.lower() in NUMBER_WORDS
 
 
 def _is_year(v: float) -> bool:

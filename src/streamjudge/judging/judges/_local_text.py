@@ -273,6 +273,7 @@ class Number:
     value: float
     tolerance: float  # half a unit of the last written digit: "181.7 million" matches 181,674,817
     unit: str | None = None  # the unit written after it, by its canonical name ("kg" for "kilograms")
+    tally: bool = False  # one side of a small tally such as a score ("won 4-1"): a count, often derived
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,6 +418,25 @@ def _name_follows(matches: list[re.Match[str]], i: int, n: int, text: str) -> bo
         first.key is not None or first.acronym or first.number)
 
 
+# a tally's sides are small whole numbers joined by a dash: "4-1", "2–0" (not "2007-11")
+_TALLY_MAX = 30
+_TALLY_DASHES = frozenset({"-", "\u2013", "\u2014"})
+
+
+def _in_tally(matches: list[re.Match[str]], i: int, n: int, text: str) -> bool:
+    """Whether the number at ``matches[i]`` is one side of a tally ("4-1"): a small whole number joined
+    by a dash to another one."""
+    def side(j: int) -> bool:
+        tok = matches[j].group()
+        return matches[j].lastgroup == "num" and tok.isdigit() and int(tok) <= _TALLY_MAX
+
+    if not side(i):
+        return False
+    if i + 1 < n and side(i + 1) and text[matches[i].end() : matches[i + 1].start()].strip() in _TALLY_DASHES:
+        return True
+    return i > 0 and side(i - 1) and text[matches[i - 1].end() : matches[i].start()].strip() in _TALLY_DASHES
+
+
 def analyze(text: str, sentence_start: bool = True) -> Facts:
     """Extract content terms, numbers, named entities, dates and negation from ``text`` (normalised).
 
@@ -521,7 +541,8 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                     surface = text[m_start : matches[i + 1].end()]
                     prev_end = matches[i + 1].end()
                     i += 1
-            numbers.append(Number(surface, value, tol, _unit_after(matches, i, n)))
+            numbers.append(Number(surface, value, tol, _unit_after(matches, i, n),
+                                  _in_tally(matches, i, n, text) if value <= _TALLY_MAX else False))
             meta_only = False
             at_start = False
             group += 1
