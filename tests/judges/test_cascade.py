@@ -107,3 +107,30 @@ def test_the_cascade_is_built_from_settings(llm_server: ScriptedLLMServer) -> No
     assert judge.confirm_fails and judge.strictness == "strict"
     res = run(judge, EvalInput("Where?", CTX, GROUNDED))
     assert res.get("faithfulness").value == 1.0  # type: ignore[union-attr]
+
+
+def test_the_llm_judge_alone_gives_three_way_sentence_verdicts(llm_server: ScriptedLLMServer) -> None:
+    def verdicts(body: dict[str, Any]) -> dict[str, Any] | None:
+        return {"json": {"claims": [
+            {"claim": "a", "sentence": 1, "verdict": "supported", "reason": "-"},
+            {"claim": "b", "sentence": 2, "verdict": "cannot tell", "reason": "vague"},
+            {"claim": "c", "sentence": 3, "verdict": "contradicted", "reason": "the year differs"},
+        ]}}
+
+    llm_server.app_responder = verdicts
+    answer = f"{GROUNDED} {UNCERTAIN} {FABRICATED}"
+    for strictness in ("default", "strict"):
+        judge = LLMJudge.from_settings(settings(llm_server, STREAMJUDGE_STRICTNESS=strictness))
+        faith = run(judge, EvalInput("q", CTX, answer)).get("faithfulness")
+        assert faith is not None
+        assert [(s.verdict, s.tier) for s in faith.sentences] == [
+            ("supported", "llm"), ("uncertain", "llm"), ("fail", "llm")]
+        assert [s.alert for s in faith.sentences] == [False, strictness == "strict", True]
+        assert "1 the model cannot tell" in faith.explanation
+
+
+def test_the_model_judge_reads_its_probability_as_a_band() -> None:
+    from streamjudge.judging.judges.model import band_verdict
+
+    assert [band_verdict(p) for p in (0.05, 0.29, 0.3, 0.49, 0.5, 0.97)] == [
+        "fail", "fail", "uncertain", "uncertain", "supported", "supported"]
