@@ -743,6 +743,9 @@ def split_units(text: str, max_sentence_chars: int = 1000) -> list[Sentence]:
     are not part of a unit; ranges are in ``text``'s coordinates. This is for whole texts (contexts, a judged
     answer); the streaming :class:`SentenceBuffer` decides the live stream's sentences.
     """
+    if "\n" not in text and "|" not in text and "\t" not in text and _UNIT_LIST_RE.match(text) is None \
+            and _UNIT_HEADING_RE.match(text) is None:
+        return split_sentences(text, max_sentence_chars)  # one line of prose (or a heading): no block
     out: list[Sentence] = []
     run = -1  # start of the prose run being gathered
     run_end = 0
