@@ -134,3 +134,30 @@ def test_the_model_judge_reads_its_probability_as_a_band() -> None:
 
     assert [band_verdict(p) for p in (0.05, 0.29, 0.3, 0.49, 0.5, 0.97)] == [
         "fail", "fail", "uncertain", "uncertain", "supported", "supported"]
+
+
+def test_a_model_as_the_strong_tier_decides_by_its_probability_band(tmp_path: Any) -> None:
+    import pytest
+
+    pytest.importorskip("onnxruntime", reason="the model judge needs onnxruntime (streamjudge[model])")
+    pytest.importorskip("onnx", reason="the tiny test model is built with onnx.helper")
+    from tiny_nli import build_model_dir
+
+    from streamjudge.config import Settings
+
+    path = build_model_dir(tmp_path / "tiny-nli")
+    s = Settings(judge="cascade", cascade_judge="model", model_path=str(path), model_max_batch_ms=0.0,
+                 judge_processes=0)
+    judge = create_judge("cascade", s)
+    assert isinstance(judge, CascadeJudge) and judge.strong.name == "model"
+    ctx = ("Paris is the capital of France. Paris has about two million inhabitants.",)
+    # words the context lacks, no hard fact: uncertain for the local judge; the tiny model does not entail it
+    vague = "Paris is the bustling cosmopolitan capital of France."
+    answer = f"Paris is the capital of France. {vague}"
+    faith = run(judge, EvalInput("q", ctx, answer)).get("faithfulness")
+    assert faith is not None
+    first, second = faith.sentences
+    assert (first.verdict, first.tier) == ("supported", "local")
+    assert (second.verdict, second.tier, second.alert) == ("fail", "model", True)
+    assert "local: content words not in context" in second.reason
+    assert judge.stats.escalated_sentences == 1 and judge.stats.sentences == 2
