@@ -105,6 +105,11 @@ def test_names_are_matched_through_acronyms_demonyms_and_hyphenation() -> None:
     assert judge("The company was founded in Canada in 1999.", "It is a Canadian company.").label == "pass"
     assert judge("The Canadian company was founded in 1999.", "It is a Canada-based firm.").label == "pass"
     assert judge("The drink was made by Coca-Cola.", "The drink was made by Coca Cola.").label == "pass"
+    assert judge("NASA was founded in 1958.", "The National Aeronautics and Space Administration was founded "
+                 "in 1958.").label == "pass"
+    # a title beside a known name is no unknown name
+    assert judge("Barack Obama signed the act in 2010.", "President Obama signed the act.").label == "pass"
+    assert judge("Barack Obama signed the act in 2010.", "President Clinton signed the act.").label == "fail"
     assert judge("The wine comes from France.", "It is a Spanish wine.").label == "fail"
 
 
@@ -154,3 +159,13 @@ def test_number_words_in_the_contexts_do_not_break_the_role_swap_check() -> None
     ctx = "The Leeds office opened in 2012, and the York office opened in 2016 with two staff."
     s = judge(ctx, "The York office opened in 2012.")
     assert s.skipped is None and s.sentences[0].kind == "role_swap", s.explanation
+
+
+def test_a_hedged_number_matches_the_contexts_within_its_hedge() -> None:
+    ctx = "The trial enrolled 1,247 patients in 2019."
+    for answer in ("The trial enrolled more than 1,200 patients.", "The trial enrolled about 1,250 patients.",
+                   "The trial enrolled no fewer than 1,200 patients.", "It enrolled under 1,300 patients."):
+        assert judge(ctx, answer).label == "pass", answer
+    for answer in ("The trial enrolled about 2,000 patients.", "The trial enrolled fewer than 1,000 patients.",
+                   "The trial enrolled more than 1,300 patients.", "The trial enrolled patients around 2017."):
+        assert judge(ctx, answer).sentences[0].kind == "number", answer

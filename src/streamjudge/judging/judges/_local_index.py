@@ -22,6 +22,7 @@ from streamjudge.judging.judges._local_text import (
     MONTHS,
     NUMBER_WORDS,
     PRONOUN_RE,
+    TITLES,
     UNITS,
     Facts,
     Number,
@@ -48,6 +49,9 @@ _MAX_LOOKUP_TERMS = 8
 # context sentences a number or month is looked up in when checking what it is said of
 _MAX_ATTACH = 64
 _SMALL_COUNT = 12
+# how far a hedged number ("about 300") may be from the contexts' (a share of it; "over"/"under": 3 times
+# as far, on their side)
+_HEDGE_BAND = 0.1
 _GLUED_RE = re.compile(r"(?<=[a-z0-9)\]\"'])\.(?=[A-Z][a-z])")
 
 
@@ -114,6 +118,7 @@ class ContextPart:
     # hyphenated word ("three-year")
     extra_values: frozenset[float] = frozenset()
     tallies: bool = False  # states a tally such as a score ("4-1")
+    years: frozenset[float] = frozenset()  # numbers written as years ("1998", not "1,998")
 
     @classmethod
     def of(cls, context: str) -> ContextPart:
@@ -152,7 +157,8 @@ class ContextPart:
             before = subject or carried
         return cls(frozenset(raw), frozenset(keys), tuple(per_sentence), frozenset(keys | raw | facts_keys),
                    tuple(texts), _capitalised(text), frozenset(headings), _extra_values(text, raw),
-                   _TALLY_RE.search(text) is not None)
+                   _TALLY_RE.search(text) is not None,
+                   frozenset(float(m.group()) for m in _YEAR_RE.finditer(text)))
 
 
 _TERMINAL = frozenset(".!?\u3002\uff01\uff1f\u2026")
@@ -181,6 +187,7 @@ def _segments(text: str, sentence: int) -> tuple[_Segment, ...]:
     return tuple(out)
 
 
+_YEAR_RE = re.compile(r"(?<![\d,.])(?:1\d{3}|20\d\d)(?![\d,.]\d|\d)")
 _TALLY_RE = re.compile(r"(?<![\d.,])\d{1,2} ?[-\u2013\u2014] ?\d{1,2}(?![\d.,]\d)")
 _YEAR_RANGE_RE = re.compile(r"\b(1[0-9]|20)(\d\d)\s*(?:-{1,2}|\u2013|\u2014|to)\s*((?:1[0-9]|20)?)(\d\d)\b")
 
@@ -283,6 +290,7 @@ class ContextIndex:
         added: set[str] = set()
         capitalised: set[str] = set()
         tallies = False
+        years: set[float] = set()
         extra_values: set[float] = set()
         headings: set[str] = set()
         self._texts: list[str] = []
@@ -298,6 +306,7 @@ class ContextIndex:
             added.add(ctx)
             capitalised |= part.capitalised
             tallies = tallies or part.tallies
+            years |= part.years
             extra_values |= part.extra_values
             headings |= part.headings
             self._texts.extend(part.texts)
@@ -331,6 +340,7 @@ class ContextIndex:
         # whether the contexts state a tally themselves ("4-1"): then a claim's other tally contradicts
         # them; without one, a tally is the claim's own count of what the contexts narrate
         self.tallies = tallies
+        self.years = frozenset(years)
         # the parts of hyphenated words: "Coca Cola" is a form of "Coca-Cola"
         self._hyphen_parts = frozenset(p for w in raw if "-" in w for p in w.split("-") if p)
         self.any_negated = any(self.clause_negated)
@@ -360,10 +370,25 @@ class ContextIndex:
 
     def _matching_values(self, n: Number) -> list[float]:
         tol = max(n.tolerance, abs(n.value) * 1e-9)
-        i = bisect.bisect_left(self.numbers, n.value - tol)
+        lo, hi = n.value - tol, n.value + tol
+        if n.hedge is not None and not (n.unit is None and len(n.surface) == 4 and n.surface.isdigit()
+                                        and _is_year(n.value)):
+            # "about 300" is said of 312, "more than 1,000" of 1,247, "up to 30" of 28: a hedged number
+            # matches the contexts' within a band, never a year ("around 1990" is no range of years)
+            span = abs(n.value) * _HEDGE_BAND
+            if n.hedge == "about":
+                lo, hi = min(lo, n.value - span), max(hi, n.value + span)
+            elif n.hedge == "over":
+                hi = max(hi, n.value + 3 * span)
+            else:
+                lo = min(lo, n.value - 3 * span)
+        i = bisect.bisect_left(self.numbers, lo)
         out = []
-        while i < len(self.numbers) and self.numbers[i] <= n.value + tol:
-            out.append(self.numbers[i])
+        while i < len(self.numbers) and self.numbers[i] <= hi:
+            v = self.numbers[i]
+            # a hedge's band never reaches a year of the contexts ("about 2,000" is not 2019)
+            if abs(v - n.value) <= tol or v not in self.years:
+                out.append(v)
             i += 1
         return out
 
@@ -417,9 +442,16 @@ class ContextIndex:
         tie_keys = claim_keys | antecedent
         groups = facts.groups
         for k, (surface, tokens) in enumerate(facts.entities):
-            if not all(self._knows_name_token(t, w) for t, w in zip(tokens, surface.split(), strict=False)):
-                names.append(surface)
+            pairs = list(zip(tokens, surface.split(), strict=False))
+            core = [(t, w) for t, w in pairs if t.rstrip(".") not in TITLES] or pairs
+            if not all(self._knows_name_token(t, w) for t, w in core) and not self._acronym_known(facts, k):
+                if core is pairs and all(t.rstrip(".") in TITLES for t in tokens):
+                    words.append(surface)  # "the President": a title alone is a word, not a name
+                else:
+                    names.append(surface)
                 continue
+            # a title the contexts do not write beside a known name ("President Obama"): a weak signal
+            words.extend(w for t, w in pairs if (t, w) not in core and not self.has_word(t, term(t)))
             others = tie_keys
             if len(facts.entities) > 1 and len(groups) == len(facts.entities):
                 beside = [e for j, (_, e) in enumerate(facts.entities) if j != k and groups[j] == groups[k]]
@@ -476,6 +508,19 @@ class ContextIndex:
             role_swaps=tuple(dict.fromkeys(swaps)),
             negation_tie=tie and not flip,
         )
+
+    def _acronym_known(self, facts: Facts, k: int) -> bool:
+        """Whether the name ``facts.entities[k]``, alone or with a neighbouring name (names split at
+        "and": "National Aeronautics and Space Administration"), is spelled out from an acronym of at
+        least three letters the contexts write ("NASA")."""
+        ents = facts.entities
+        for lo, hi in ((k, k + 1), (k - 1, k + 1), (k, k + 2), (k - 1, k + 2)):
+            if lo < 0 or hi > len(ents) or (hi - lo == 1 and len(ents[k][1]) < 3):
+                continue
+            initials = "".join(t[0] for _, toks in ents[lo:hi] for t in toks if t[:1].isalpha())
+            if len(initials) >= 3 and initials in self.raw_words:
+                return True
+        return False
 
     def _knows_name_token(self, token: str, written: str) -> bool:
         """Whether one word of a name occurs in the contexts, in any of the forms a name takes: as

@@ -71,6 +71,18 @@ LIGHT_WORDS: frozenset[str] = _words(
     """
 )
 
+# titles and forms of address: part of a written name ("President Obama", "Dr. Lopez") but no name of
+# their own; an answer may add one the contexts do not write
+TITLES: frozenset[str] = _words(
+    """
+    president vice prime minister king queen prince princess duke duchess lord lady sir dame dr doctor mr
+    mrs ms miss prof professor saint pope bishop archbishop cardinal reverend rev general gen colonel col
+    captain capt lieutenant lt sergeant sgt admiral commander senator sen governor gov mayor judge
+    justice chancellor chairman chairwoman chair ceo coach emperor empress sultan sheikh rabbi imam
+    father brother sister president-elect
+    """
+)
+
 NEGATIONS: frozenset[str] = _words(
     "not no never none nobody nothing neither nor cannot without n't"
 )
@@ -274,6 +286,8 @@ class Number:
     tolerance: float  # half a unit of the last written digit: "181.7 million" matches 181,674,817
     unit: str | None = None  # the unit written after it, by its canonical name ("kg" for "kilograms")
     tally: bool = False  # one side of a small tally such as a score ("won 4-1"): a count, often derived
+    # a hedge written before it: "about" ("roughly 300"), "over" ("more than 300"), "under" ("up to 300")
+    hedge: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,6 +451,34 @@ def _in_tally(matches: list[re.Match[str]], i: int, n: int, text: str) -> bool:
     return i > 0 and side(i - 1) and text[matches[i - 1].end() : matches[i].start()].strip() in _TALLY_DASHES
 
 
+# words before a number that say it is not exact, by what they allow: about (either side), over, under
+_HEDGES: dict[str, str] = {
+    "about": "about", "around": "about", "approximately": "about", "roughly": "about", "nearly": "about",
+    "almost": "about", "some": "about", "circa": "about", "ca": "about", "approx": "about",
+    "estimated": "about", "over": "over", "exceeding": "over", "above": "over", "under": "under",
+    "below": "under",
+}
+_HEDGE_PAIRS: dict[tuple[str, str], str] = {
+    ("close", "to"): "about", ("more", "than"): "over", ("at", "least"): "over", ("upwards", "of"): "over",
+    ("less", "than"): "under", ("fewer", "than"): "under", ("up", "to"): "under", ("at", "most"): "under",
+}
+
+
+def _hedge_before(matches: list[re.Match[str]], i: int) -> str | None:
+    """The hedge written right before the number at ``matches[i]`` ("about", "over", "under"), if any."""
+    if i == 0 or matches[i - 1].lastgroup != "word":
+        return None
+    prev = matches[i - 1].group().lower()
+    if i >= 2 and matches[i - 2].lastgroup == "word":
+        pair = _HEDGE_PAIRS.get((matches[i - 2].group().lower(), prev))
+        if pair is not None:
+            # "no fewer than" / "no more than" turn the bound around
+            if i >= 3 and matches[i - 3].group().lower() in ("no", "not"):
+                return {"over": "under", "under": "over"}.get(pair, pair)
+            return pair
+    return _HEDGES.get(prev)
+
+
 def analyze(text: str, sentence_start: bool = True) -> Facts:
     """Extract content terms, numbers, named entities, dates and negation from ``text`` (normalised).
 
@@ -504,6 +546,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                 groups.append(group)
                 entity_run.clear()
             if w.number:
+                first = i
                 value, tol, surface = NUMBER_WORDS[w.lower], 0.5, tok
                 # "five hundred", "two million"
                 if i + 1 < n and matches[i + 1].lastgroup == "word":
@@ -514,7 +557,8 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                         surface = text[m_start : matches[i + 1].end()]
                         prev_end = matches[i + 1].end()
                         i += 1
-                numbers.append(Number(surface, value, tol, _unit_after(matches, i, n)))
+                numbers.append(Number(surface, value, tol, _unit_after(matches, i, n),
+                                      hedge=_hedge_before(matches, first)))
                 meta_only = False
             elif w.key is not None:
                 terms.append((w.key, tok))
@@ -529,6 +573,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                 groups.append(group)
                 entity_run.clear()
             cjk_prev = None
+            first = i
             value, tol = _number_value(tok)
             surface = tok
             # a scale word after the number multiplies it: "$160 million", "3.5bn"
@@ -542,7 +587,8 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                     prev_end = matches[i + 1].end()
                     i += 1
             numbers.append(Number(surface, value, tol, _unit_after(matches, i, n),
-                                  _in_tally(matches, i, n, text) if value <= _TALLY_MAX else False))
+                                  _in_tally(matches, i, n, text) if value <= _TALLY_MAX else False,
+                                  _hedge_before(matches, first)))
             meta_only = False
             at_start = False
             group += 1
