@@ -341,8 +341,6 @@ class ContextIndex:
         # them; without one, a tally is the claim's own count of what the contexts narrate
         self.tallies = tallies
         self.years = frozenset(years)
-        # the parts of hyphenated words: "Coca Cola" is a form of "Coca-Cola"
-        self._hyphen_parts = frozenset(p for w in raw if "-" in w for p in w.split("-") if p)
         self.any_negated = any(self.clause_negated)
         self.months = frozenset(w[:3] for w in raw if w in MONTHS)
         self.keys = frozenset(keys)
@@ -351,9 +349,9 @@ class ContextIndex:
         self._carried = carried
         self._value_units = value_units
         self._postings = postings
-        # segments of the sentences a role-swap check has read, by sentence (filled on demand)
-        self._segments: dict[int, tuple[_Segment, ...]] = {}
+        self._roles = _Roles(self._texts, value_sentences, postings, self.clause_sentence, self.sentence_keys)
         self.capitalised = frozenset(capitalised)
+        self._forms = _NameForms(self.raw_words, self.keys, self.capitalised)
         self.headings = frozenset(headings)
         self._verdicts: OrderedDict[
             tuple[str, bool, frozenset[str]], tuple[tuple[str, ClaimVerdict], ...]
@@ -440,25 +438,7 @@ class ContextIndex:
         soft_missing = 0
         claim_keys = fact_keys(facts)
         tie_keys = claim_keys | antecedent
-        groups = facts.groups
-        for k, (surface, tokens) in enumerate(facts.entities):
-            pairs = list(zip(tokens, surface.split(), strict=False))
-            core = [(t, w) for t, w in pairs if t.rstrip(".") not in TITLES] or pairs
-            if not all(self._knows_name_token(t, w) for t, w in core) and not self._acronym_known(facts, k):
-                if core is pairs and all(t.rstrip(".") in TITLES for t in tokens):
-                    words.append(surface)  # "the President": a title alone is a word, not a name
-                else:
-                    names.append(surface)
-                continue
-            # a title the contexts do not write beside a known name ("President Obama"): a weak signal
-            words.extend(w for t, w in pairs if (t, w) not in core and not self.has_word(t, term(t)))
-            others = tie_keys
-            if len(facts.entities) > 1 and len(groups) == len(facts.entities):
-                beside = [e for j, (_, e) in enumerate(facts.entities) if j != k and groups[j] == groups[k]]
-                if beside:
-                    others = others - {t for e in beside for t in (*e, *map(term, e))}
-            if not self._attached_name(tokens, others):
-                detached.append(surface)
+        self._check_names(facts, tie_keys, names, detached, words)
         for n in facts.numbers:
             values = self._matching_values(n)
             if not values:
@@ -466,14 +446,14 @@ class ContextIndex:
                 # of what the context lists; it weighs as a content word, not as a hard fact
                 if (n.tally and not self.tallies) or (
                         n.value <= _SMALL_COUNT and n.surface.lower() in NUMBER_WORDS
-                        and (n.unit is None or not self._count_contradicted(n, claim_keys))):
+                        and (n.unit is None or not self._roles.count_contradicted(n, claim_keys))):
                     words.append(n.surface)
                     soft_missing += 1
                 else:
                     numbers.append(n.surface)
             elif n.unit is not None and (other := self._other_unit(values, n.unit)):
                 units.append(f"{n.surface} {n.unit} (context: {other})")
-            elif not _small_count(n) and (swap := self._role_swap(n, facts, values)) is not None:
+            elif not _small_count(n) and (swap := self._roles.role_swap(n, facts, values)) is not None:
                 swaps.append(swap)
             elif not self._attached_number(values, tie_keys - {f"#{n.value:g}"}):
                 detached.append(n.surface)
@@ -509,107 +489,29 @@ class ContextIndex:
             negation_tie=tie and not flip,
         )
 
-    def _acronym_known(self, facts: Facts, k: int) -> bool:
-        """Whether the name ``facts.entities[k]``, alone or with a neighbouring name (names split at
-        "and": "National Aeronautics and Space Administration"), is spelled out from an acronym of at
-        least three letters the contexts write ("NASA")."""
-        ents = facts.entities
-        for lo, hi in ((k, k + 1), (k - 1, k + 1), (k, k + 2), (k - 1, k + 2)):
-            if lo < 0 or hi > len(ents) or (hi - lo == 1 and len(ents[k][1]) < 3):
+    def _check_names(self, facts: Facts, tie_keys: frozenset[str], names: list[str], detached: list[str],
+                     words: list[str]) -> None:
+        """Sort the claim's names into ``names`` (absent from the contexts), ``detached`` (said there of
+        something else) and ``words`` (a title alone, or a title the contexts do not write)."""
+        groups = facts.groups
+        for k, (surface, tokens) in enumerate(facts.entities):
+            pairs = list(zip(tokens, surface.split(), strict=False))
+            core = [(t, w) for t, w in pairs if t.rstrip(".") not in TITLES] or pairs
+            if not all(self._forms.knows(t, w) for t, w in core) and not self._forms.acronym_of(facts, k):
+                if core is pairs and all(t.rstrip(".") in TITLES for t in tokens):
+                    words.append(surface)  # "the President": a title alone is a word, not a name
+                else:
+                    names.append(surface)
                 continue
-            initials = "".join(t[0] for _, toks in ents[lo:hi] for t in toks if t[:1].isalpha())
-            if len(initials) >= 3 and initials in self.raw_words:
-                return True
-        return False
-
-    def _knows_name_token(self, token: str, written: str) -> bool:
-        """Whether one word of a name occurs in the contexts, in any of the forms a name takes: as
-        written, its key, the parts of a hyphenated name ("Coca-Cola" for "Coca Cola") or the word
-        they join into, an acronym of a capitalised run ("NASA"), or a demonym of a place ("French")."""
-        if self.has_word(token, term(token)):
-            return True
-        if "-" in token:
-            parts = token.split("-")
-            if all(self.has_word(p, term(p)) for p in parts if p) or "".join(parts) in self.raw_words:
-                return True
-            rest = written[token.index("-") + 1 :]
-            if not rest[:1].isupper() and self._knows_name_token(parts[0], parts[0]):
-                return True  # "Canada-based", "Paris-born": the name is the capitalised part
-        if token in self.capitalised or token in self._hyphen_parts:
-            return True
-        return _demonym_base(token, self.capitalised)
-
-    def _role_swap(self, n: Number, facts: Facts, values: list[float]) -> str | None:
-        """When every context segment stating the number ``n`` says it of something the claim does not
-        name (a name, else a word), while a name the claim gives, absent from that segment, has another
-        number of the same kind: "opened the York office in 2012" against "opened the Leeds office in
-        2012 and the York office in 2016". A segment that holds some of the claim's names shows a swap
-        only beside a segment of its own sentence that gives the missing name another number ("won the
-        Nobel Prize in Chemistry in 1903" against "... in Physics in 1903 and ... in Chemistry in 1911").
-        The reason names what the number is said of; ``None`` when no swap shows."""
-        names = [frozenset((*toks, *map(term, toks))) for _, toks in facts.entities]
-        if not names:
-            return None
-        wanted = set(values)
-        sentences = dict.fromkeys(s for v in values for s in self._value_sentences.get(v, ()))
-        segs = [(sid, seg) for sid in sentences
-                for seg in self._segments_of(sid) if any(v in wanted for v, _ in seg.values)]
-        if not segs:
-            return None
-        claim_keys = fact_keys(facts)
-        label = None
-        for sid, seg in segs:
-            absent = [keys for keys in names if not keys & seg.keys]
-            if not absent:
-                return None  # every name of the claim is said beside the number
-            mine = next((surface for keys, surface in seg.names if not keys & claim_keys), None)
-            if mine is None and len(absent) == len(names):  # the role is a word the claim lacks
-                mine = next((surface for key, surface in seg.terms if key not in claim_keys), None)
-            if mine is None:
-                return None
-            beside = sid if len(absent) < len(names) else None
-            if not self._has_other_number(frozenset().union(*absent), n, facts, beside):
-                return None
-            label = label or mine
-        return f"{n.surface} is said of {label}" if label else None
-
-    def _segments_of(self, sentence: int) -> tuple[_Segment, ...]:
-        segs = self._segments.get(sentence)
-        if segs is None:  # computed twice at worst when two threads ask at once; the same either way
-            text = self._texts[sentence] if sentence < len(self._texts) else ""
-            segs = self._segments[sentence] = _segments(text, sentence) if text else ()
-        return segs
-
-    def _has_other_number(
-        self, names: frozenset[str], n: Number, facts: Facts, sentence: int | None = None
-    ) -> bool:
-        """Whether a context segment (of ``sentence`` when given) gives one of ``names`` a number of
-        ``n``'s kind that the claim does not state."""
-        stated = [(c.value - c.tolerance, c.value + c.tolerance) for c in facts.numbers]
-        for key in names:
-            if sentence is not None:
-                candidates: Iterable[int] = (sentence,)
-            else:
-                candidates = dict.fromkeys(self.clause_sentence[c] for c in self._postings.get(key, ()))
-            for sid in candidates:
-                for seg in self._segments_of(sid):
-                    if key in seg.keys and any(not any(lo <= v <= hi for lo, hi in stated)
-                                               for v in _other_number(seg, n)):
-                        return True
-        return False
-
-    def _count_contradicted(self, n: Number, claim_keys: frozenset[str]) -> bool:
-        """Whether a context sentence that shares two words with the claim states another small count
-        ("never more than twice a day" against "four times a day"; asked of counts with a unit only:
-        "two films" is often the claim's own count of what the context lists)."""
-        words = frozenset(k for k in claim_keys if not k.startswith(("#", "@")))
-        for v in range(1, _SMALL_COUNT + 1):
-            if v == n.value:
-                continue
-            for sid in self._value_sentences.get(float(v), ()):
-                if len(words & self.sentence_keys[sid]) >= 2:
-                    return True
-        return False
+            # a title the contexts do not write beside a known name ("President Obama"): a weak signal
+            words.extend(w for t, w in pairs if (t, w) not in core and not self.has_word(t, term(t)))
+            others = tie_keys
+            if len(facts.entities) > 1 and len(groups) == len(facts.entities):
+                beside = [e for j, (_, e) in enumerate(facts.entities) if j != k and groups[j] == groups[k]]
+                if beside:
+                    others = others - {t for e in beside for t in (*e, *map(term, e))}
+            if not self._attached_name(tokens, others):
+                detached.append(surface)
 
     def _attached_name(self, tokens: tuple[str, ...], claim_keys: frozenset[str] | set[str]) -> bool:
         """Whether a context sentence that names ``tokens`` also holds another word of the claim:
@@ -706,6 +608,140 @@ class ContextIndex:
         if best_opp < needed or best_opp < best_same:
             return False, False
         return best_opp > best_same, best_opp == best_same
+
+
+class _NameForms:
+    """The forms a name of an answer may take in the contexts: as written, hyphenated or not, an acronym,
+    a demonym of a place."""
+
+    def __init__(self, raw_words: frozenset[str], keys: frozenset[str], capitalised: frozenset[str]) -> None:
+        self.raw_words = raw_words
+        self.keys = keys
+        self.capitalised = capitalised
+        # the parts of hyphenated words: "Coca Cola" is a form of "Coca-Cola"
+        self._hyphen_parts = frozenset(p for w in raw_words if "-" in w for p in w.split("-") if p)
+
+    def _has_word(self, lower: str, key: str) -> bool:
+        return lower in self.raw_words or key in self.keys
+
+    def acronym_of(self, facts: Facts, k: int) -> bool:
+        """Whether the name ``facts.entities[k]``, alone or with a neighbouring name (names split at
+        "and": "National Aeronautics and Space Administration"), is spelled out from an acronym of at
+        least three letters the contexts write ("NASA")."""
+        ents = facts.entities
+        for lo, hi in ((k, k + 1), (k - 1, k + 1), (k, k + 2), (k - 1, k + 2)):
+            if lo < 0 or hi > len(ents) or (hi - lo == 1 and len(ents[k][1]) < 3):
+                continue
+            initials = "".join(t[0] for _, toks in ents[lo:hi] for t in toks if t[:1].isalpha())
+            if len(initials) >= 3 and initials in self.raw_words:
+                return True
+        return False
+
+    def knows(self, token: str, written: str) -> bool:
+        """Whether one word of a name occurs in the contexts, in any of the forms a name takes: as
+        written, its key, the parts of a hyphenated name ("Coca-Cola" for "Coca Cola") or the word
+        they join into, an acronym of a capitalised run ("NASA"), or a demonym of a place ("French")."""
+        if self._has_word(token, term(token)):
+            return True
+        if "-" in token:
+            parts = token.split("-")
+            if all(self._has_word(p, term(p)) for p in parts if p) or "".join(parts) in self.raw_words:
+                return True
+            rest = written[token.index("-") + 1 :]
+            if not rest[:1].isupper() and self.knows(parts[0], parts[0]):
+                return True  # "Canada-based", "Paris-born": the name is the capitalised part
+        if token in self.capitalised or token in self._hyphen_parts:
+            return True
+        return _demonym_base(token, self.capitalised)
+
+
+class _Roles:
+    """What the contexts say each number of: role swaps ("2012 is said of Leeds") and small counts a
+    context sentence contradicts. Segments of a context sentence are analysed the first time a claim
+    asks about it (a sentence keeps its text only when it states a number)."""
+
+    def __init__(self, texts: list[str], value_sentences: dict[float, list[int]],
+                 postings: dict[str, list[int]], clause_sentence: list[int],
+                 sentence_keys: list[frozenset[str]]) -> None:
+        self._texts = texts
+        self._value_sentences = value_sentences
+        self._postings = postings
+        self.clause_sentence = clause_sentence
+        self.sentence_keys = sentence_keys
+        # the segments of the sentences a check has read, by sentence
+        self._segments: dict[int, tuple[_Segment, ...]] = {}
+
+    def role_swap(self, n: Number, facts: Facts, values: list[float]) -> str | None:
+        """When every context segment stating the number ``n`` says it of something the claim does not
+        name (a name, else a word), while a name the claim gives, absent from that segment, has another
+        number of the same kind: "opened the York office in 2012" against "opened the Leeds office in
+        2012 and the York office in 2016". A segment that holds some of the claim's names shows a swap
+        only beside a segment of its own sentence that gives the missing name another number ("won the
+        Nobel Prize in Chemistry in 1903" against "... in Physics in 1903 and ... in Chemistry in 1911").
+        The reason names what the number is said of; ``None`` when no swap shows."""
+        names = [frozenset((*toks, *map(term, toks))) for _, toks in facts.entities]
+        if not names:
+            return None
+        wanted = set(values)
+        sentences = dict.fromkeys(s for v in values for s in self._value_sentences.get(v, ()))
+        segs = [(sid, seg) for sid in sentences
+                for seg in self._segments_of(sid) if any(v in wanted for v, _ in seg.values)]
+        if not segs:
+            return None
+        claim_keys = fact_keys(facts)
+        label = None
+        for sid, seg in segs:
+            absent = [keys for keys in names if not keys & seg.keys]
+            if not absent:
+                return None  # every name of the claim is said beside the number
+            mine = next((surface for keys, surface in seg.names if not keys & claim_keys), None)
+            if mine is None and len(absent) == len(names):  # the role is a word the claim lacks
+                mine = next((surface for key, surface in seg.terms if key not in claim_keys), None)
+            if mine is None:
+                return None
+            beside = sid if len(absent) < len(names) else None
+            if not self._has_other_number(frozenset().union(*absent), n, facts, beside):
+                return None
+            label = label or mine
+        return f"{n.surface} is said of {label}" if label else None
+
+    def _segments_of(self, sentence: int) -> tuple[_Segment, ...]:
+        segs = self._segments.get(sentence)
+        if segs is None:  # computed twice at worst when two threads ask at once; the same either way
+            text = self._texts[sentence] if sentence < len(self._texts) else ""
+            segs = self._segments[sentence] = _segments(text, sentence) if text else ()
+        return segs
+
+    def _has_other_number(
+        self, names: frozenset[str], n: Number, facts: Facts, sentence: int | None = None
+    ) -> bool:
+        """Whether a context segment (of ``sentence`` when given) gives one of ``names`` a number of
+        ``n``'s kind that the claim does not state."""
+        stated = [(c.value - c.tolerance, c.value + c.tolerance) for c in facts.numbers]
+        for key in names:
+            if sentence is not None:
+                candidates: Iterable[int] = (sentence,)
+            else:
+                candidates = dict.fromkeys(self.clause_sentence[c] for c in self._postings.get(key, ()))
+            for sid in candidates:
+                for seg in self._segments_of(sid):
+                    if key in seg.keys and any(not any(lo <= v <= hi for lo, hi in stated)
+                                               for v in _other_number(seg, n)):
+                        return True
+        return False
+
+    def count_contradicted(self, n: Number, claim_keys: frozenset[str]) -> bool:
+        """Whether a context sentence that shares two words with the claim states another small count
+        ("never more than twice a day" against "four times a day"; asked of counts with a unit only:
+        "two films" is often the claim's own count of what the context lists)."""
+        words = frozenset(k for k in claim_keys if not k.startswith(("#", "@")))
+        for v in range(1, _SMALL_COUNT + 1):
+            if v == n.value:
+                continue
+            for sid in self._value_sentences.get(float(v), ()):
+                if len(words & self.sentence_keys[sid]) >= 2:
+                    return True
+        return False
 
 
 def _other_number(seg: _Segment, n: Number) -> list[float]:
