@@ -299,6 +299,7 @@ _VALUES: dict[str, float] = {"supported": 1.0, "uncertain": 0.5, "fail": 0.0}
 # CONTENT_COVERAGE and one of them is long enough to be specific (word length stands in for rarity:
 # common words are short); below this coverage any missing words do
 _RARE_LETTERS = 7
+_RARE_LETTERS_STRICT = 5
 # the most words a context heading glued to the front of a sentence is looked for in
 _HEADING_WORDS = 10
 _LOW_COVERAGE = 0.5
@@ -341,8 +342,11 @@ def _evidence(verdict: ClaimVerdict, policy: Policy) -> list[tuple[str, str, str
     if verdict.negation_tie:
         out.append(("uncertain", "negation_tie", "negation tie: a negated and a plain context clause match"))
     words = verdict.missing_words
+    # a shortfall of content words is a weak signal when it is large or a missing word is specific
+    # (long); strict counts shorter words as specific
+    rare = _RARE_LETTERS_STRICT if policy.strictness == "strict" else _RARE_LETTERS
     if words and verdict.coverage < CONTENT_COVERAGE and (
-        verdict.coverage < _LOW_COVERAGE or any(len(w) >= _RARE_LETTERS for w in words)
+        verdict.coverage < _LOW_COVERAGE or any(len(w) >= rare for w in words)
     ):
         out.append(("uncertain", "words", "content words not in context: " + ", ".join(words[:8])))
     out.sort(key=lambda e: e[0] != "fail")
