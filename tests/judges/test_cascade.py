@@ -161,3 +161,18 @@ def test_a_model_as_the_strong_tier_decides_by_its_probability_band(tmp_path: An
     assert (second.verdict, second.tier, second.alert) == ("fail", "model", True)
     assert "local: content words not in context" in second.reason
     assert judge.stats.escalated_sentences == 1 and judge.stats.sentences == 2
+
+
+def test_a_claim_without_its_sentence_still_fails_the_llm_judges_score(llm_server: ScriptedLLMServer) -> None:
+    def unnumbered(body: dict[str, Any]) -> dict[str, Any] | None:
+        return {"json": {"claims": [
+            {"claim": "a", "sentence": 1, "verdict": "supported", "reason": "-"},
+            {"claim": "b", "verdict": "unsupported", "reason": "names no sentence"},
+        ]}}
+
+    llm_server.app_responder = unnumbered
+    judge = LLMJudge.from_settings(settings(llm_server))
+    faith = run(judge, EvalInput("q", CTX, GROUNDED)).get("faithfulness")
+    assert faith is not None and faith.value == 0.5
+    assert faith.sentences[0].verdict == "supported" and faith.sentences[0].alert is None
+    assert faith.with_label(0.7).label == "fail"  # the threshold still labels the value

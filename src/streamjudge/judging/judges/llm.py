@@ -257,6 +257,9 @@ def _sentence_scores(
         if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= len(sentences):
             why = str(claim.get("reason") or claim.get("claim") or "")[:160]
             per.setdefault(n, []).append((verdict, why))
+    # the sentences decide the label only when every claim names its sentence: a claim that names none
+    # still weighs in the score's value, which the threshold then labels
+    decides = sum(len(marks) for marks in per.values()) == len(claims)
     out: list[SentenceScore] = []
     for n in sorted(per):
         marks = per[n]
@@ -266,7 +269,8 @@ def _sentence_scores(
         worst: SentenceVerdict = (
             "fail" if "fail" in kinds else "uncertain" if "uncertain" in kinds else "supported")
         value = sum(v == "supported" for v, _ in marks) / len(marks)
+        alert = worst == "fail" or (worst == "uncertain" and strictness == "strict")
         out.append(SentenceScore(s.start, s.end, value, reasons, verdict=worst,
-                                 alert=worst == "fail" or (worst == "uncertain" and strictness == "strict"),
-                                 tier="llm", kind=None if worst == "supported" else "llm"))
+                                 alert=alert if decides else None, tier="llm",
+                                 kind=None if worst == "supported" else "llm"))
     return tuple(out)
