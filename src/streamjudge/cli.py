@@ -473,8 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def judge_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--judge", default=None,
-                       help="judge for checkpoints and the final pass: local, llm, ragas, deepeval or "
-                            "package.module:ClassName (default: STREAMJUDGE_JUDGE, else local)")
+                       help="judge for checkpoints and the final pass: local, model, llm, ragas, deepeval, "
+                            "cascade or package.module:ClassName (default: STREAMJUDGE_JUDGE, else local)")
         p.add_argument("--chunk-size", type=_positive, default=8,
                        help="characters per streamed chunk (default 8)")
         p.add_argument("--concurrency", type=_positive, default=DEFAULT_CONCURRENCY,
