@@ -620,6 +620,8 @@ class _NameForms:
         self.capitalised = capitalised
         # the parts of hyphenated words: "Coca Cola" is a form of "Coca-Cola"
         self._hyphen_parts = frozenset(p for w in raw_words if "-" in w for p in w.split("-") if p)
+        # capitalised words by their first four letters: the only ones a demonym can share a stem with
+        self._by_prefix: dict[str, list[str]] | None = None
 
     def _has_word(self, lower: str, key: str) -> bool:
         return lower in self.raw_words or key in self.keys
@@ -652,7 +654,13 @@ class _NameForms:
                 return True  # "Canada-based", "Paris-born": the name is the capitalised part
         if token in self.capitalised or token in self._hyphen_parts:
             return True
-        return _demonym_base(token, self.capitalised)
+        if self._by_prefix is None:  # built on the first name a claim does not find as written
+            by_prefix: dict[str, list[str]] = {}
+            for w in self.capitalised:
+                if len(w) >= 4:
+                    by_prefix.setdefault(w[:4], []).append(w)
+            self._by_prefix = by_prefix
+        return _demonym_base(token, self.capitalised, self._by_prefix.get(token[:4], ()))
 
 
 class _Roles:
@@ -775,15 +783,22 @@ _IRREGULAR_DEMONYMS: dict[str, str] = {
 }
 
 
-def _demonym_base(token: str, capitalised: frozenset[str]) -> bool:
+def _demonym_base(token: str, capitalised: frozenset[str], same_prefix: Sequence[str]) -> bool:
     """Whether ``token`` and a capitalised word of the contexts are a place and its demonym, either way
     round: from a small table ("french" ~ "france"), or a shared stem of at least four letters once the
-    demonym's ending is taken off ("italian" ~ "italy", "canadian" ~ "canada", "chinese" ~ "china")."""
+    demonym's ending is taken off ("italian" ~ "italy", "canadian" ~ "canada", "chinese" ~ "china").
+    ``same_prefix``: the capitalised words that share ``token``'s first four letters."""
     place = _IRREGULAR_DEMONYMS.get(token)
     if place is not None and place in capitalised:
         return True
-    return any(_IRREGULAR_DEMONYMS.get(w) == token or _stem_pair(token, w) or _stem_pair(w, token)
-               for w in capitalised)
+    if any(demonym in capitalised for demonym in _DEMONYMS_OF.get(token, ())):
+        return True
+    return any(_stem_pair(token, w) or _stem_pair(w, token) for w in same_prefix)
+
+
+_DEMONYMS_OF: dict[str, list[str]] = {}
+for _demonym, _place in _IRREGULAR_DEMONYMS.items():
+    _DEMONYMS_OF.setdefault(_place, []).append(_demonym)
 
 
 def _stem_pair(demonym: str, place: str) -> bool:
