@@ -49,6 +49,8 @@ _MAX_LOOKUP_TERMS = 8
 # context sentences a number or month is looked up in when checking what it is said of
 _MAX_ATTACH = 64
 _SMALL_COUNT = 12
+# context sentences a number may be stated in for a role swap to be read from them
+_MAX_SWAP_SENTENCES = 8
 # how far a hedged number ("about 300") may be from the contexts' (a share of it; "over"/"under": 3 times
 # as far, on their side)
 _HEDGE_BAND = 0.1
@@ -692,6 +694,8 @@ class _Roles:
             return None
         wanted = set(values)
         sentences = dict.fromkeys(s for v in values for s in self._value_sentences.get(v, ()))
+        if len(sentences) > _MAX_SWAP_SENTENCES:
+            return None  # a number stated that often says little about what one claim takes it from
         segs = [(sid, seg) for sid in sentences
                 for seg in self._segments_of(sid) if any(v in wanted for v, _ in seg.values)]
         if not segs:
