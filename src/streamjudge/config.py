@@ -453,7 +453,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("preflight_action", "PREFLIGHT_ACTION", "choice", "What a low pre-flight score does.",
        choices=_PREFLIGHT_ACTIONS),
     _o("preflight_wait_s", "PREFLIGHT_WAIT", "float", "Seconds the first token may wait for the "
-       "pre-flight score.", low=0.0, high=60.0),
+       "pre-flight score.", **_SECONDS),
     _o("final_reconcile", "FINAL_RECONCILE", "bool", "Judge the complete answer with the full suite."),
     _o("final_pass", "FINAL_PASS", "choice", "Where the final pass runs: here, or in streamjudge worker.",
        choices=_FINAL_PASSES),
@@ -476,7 +476,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("judge_cpu_share_max", "JUDGE_CPU_SHARE_MAX", "float", "How far that cap may rise while the app "
        "keeps time (at most STREAMJUDGE_JUDGE_CPU_SHARE: a fixed cap).", **_PROBABILITY),
     _o("judge_linger_s", "JUDGE_LINGER", "float", "Seconds the idle pool polls for work before it "
-       "sleeps.", low=0.0, high=1.0),
+       "sleeps.", **_SECONDS),
     _o("judge_processes", "JUDGE_PROCESSES", "processes", "Worker processes for a CPU-bound judge "
        "(0: in the pool's thread; auto: when measured to help).", low=0, high=64),
     _o("judge_worker_nice", "JUDGE_WORKER_NICE", "int", "Niceness of judge worker processes.", low=0,
@@ -512,7 +512,7 @@ OPTIONS: tuple[Option, ...] = (
        choices=("auto", "onnx", "torch")),
     _o("model_batch_size", "MODEL_BATCH_SIZE", "int", "Pairs per inference batch.", low=1),
     _o("model_max_batch_ms", "MODEL_MAX_BATCH_MS", "float", "Milliseconds a batch waits to fill.",
-       low=0.0, high=1000.0),
+       low=0.0),
     _o("model_threads", "MODEL_THREADS", "int", "ONNX Runtime intra-op threads (0: its default).", low=0),
     _o("model_max_length", "MODEL_MAX_LENGTH", "int", "The model's input window in tokens (0: from its "
        "config).", low=0),
