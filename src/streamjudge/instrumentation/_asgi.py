@@ -520,8 +520,9 @@ class _WebSocket:
         mtype = message["type"]
         if mtype == "websocket.send":
             text = message.get("text")
-            if text is None and message.get("bytes") is not None:
-                text = bytes(message["bytes"]).decode("utf-8", "replace")
+            if text is None:  # a binary message (audio, an image, a file) is no answer text: not judged
+                await self._send(message)
+                return
             payload: Any = None
             if text and text[0] == "{":
                 try:
