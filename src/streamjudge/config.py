@@ -658,13 +658,16 @@ def capture_content_default(env: Mapping[str, str] | None = None) -> bool:
 
 
 def capture_content_from_env(env: Mapping[str, str] | None = None) -> bool:
-    """``STREAMJUDGE_CAPTURE_CONTENT`` when set (an unreadable value counts as on, as for the default),
-    else :func:`capture_content_default`."""
+    """``STREAMJUDGE_CAPTURE_CONTENT`` when set and readable, else :func:`capture_content_default` (the
+    same answer as ``load_settings(env).capture_content``)."""
     env = os.environ if env is None else env
     raw = (env.get(_PREFIX + "CAPTURE_CONTENT") or "").strip()
-    if not raw:
-        return capture_content_default(env)
-    return raw.lower() not in ("0", "false", "no", "off")
+    if raw:
+        try:
+            return bool(_BY_VAR[_PREFIX + "CAPTURE_CONTENT"].parse(raw))
+        except ConfigError:
+            pass  # load_settings reports it
+    return capture_content_default(env)
 
 
 def _llm_settings(
@@ -784,7 +787,7 @@ def _from_env(
             errors.append(exc)
             continue
         raw_of[opt.field] = raw
-    if "capture_content" not in values and not env.get(_PREFIX + "CAPTURE_CONTENT"):
+    if "capture_content" not in values:  # unset or unusable: the GenAI instrumentations' switch decides
         values["capture_content"] = capture_content_default(env)
     return values, raw_of
 
@@ -849,6 +852,8 @@ def _show(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, tuple):
         return ",".join(value) or "none"
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
     if isinstance(value, str):
         return value or "empty"
     return _num(value) if isinstance(value, float) else str(value)
