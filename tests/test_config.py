@@ -256,3 +256,16 @@ def test_every_settings_field_with_a_variable_has_one_option_and_its_default() -
         if o.low is not None or o.high is not None:
             assert o.kind in ("int", "float", "processes"), o.var
     assert set(config.known_env_vars()) == {o.var for o in options if o.var.startswith("STREAMJUDGE_")}
+
+
+def test_a_bad_shutdown_timeout_is_said_at_start_up_once(caplog: pytest.LogCaptureFixture) -> None:
+    from streamjudge import _deadline
+
+    env = {"STREAMJUDGE_SHUTDOWN_TIMEOUT": "nan"}
+    with pytest.raises(ConfigError, match="STREAMJUDGE_SHUTDOWN_TIMEOUT='nan'"):
+        load_settings(env)
+    with caplog.at_level(logging.ERROR):
+        load_settings_or_default(env=env)  # at start-up
+        assert _deadline.shutdown_timeout_s(env) == 5.0  # at shutdown: the default, not said again
+    assert [r.getMessage() for r in caplog.records] == [
+        "streamjudge: STREAMJUDGE_SHUTDOWN_TIMEOUT='nan': expected a number >= 0 (using the default: 5)"]

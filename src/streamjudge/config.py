@@ -816,6 +816,15 @@ def _load(
     env = os.environ if env is None else env
     _check_unknown_vars(env)
     values, raw_of = _from_env(env, errors)
+    for opt in PROCESS_OPTIONS:  # read elsewhere, later (at shutdown): checked now, when it can be said
+        raw = env.get(opt.var)
+        if raw and raw.strip():
+            try:
+                opt.parse(raw)
+            except ConfigError as exc:
+                if errors is None:
+                    raise
+                errors.append(exc)
     for name in overrides:
         raw_of.pop(name, None)
     if "eval_llm" not in overrides:
@@ -869,12 +878,12 @@ def _with_default(exc: ConfigError) -> str:
 
 
 def _report_once(log: logging.Logger, errors: list[ConfigError]) -> None:
-    line = "streamjudge: " + "; ".join(_with_default(e) for e in errors)
+    """One error line for the errors not reported before in this process."""
     with _warned_lock:
-        if ("error:" + line) in _warned:
-            return
-        _warned.add("error:" + line)
-    log.error("%s", line)
+        fresh = [e for e in errors if "error:" + str(e) not in _warned]
+        _warned.update("error:" + str(e) for e in fresh)
+    if fresh:
+        log.error("streamjudge: %s", "; ".join(_with_default(e) for e in fresh))
 
 
 def load_settings_or_default(
