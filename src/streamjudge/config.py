@@ -304,6 +304,11 @@ class Option:
         return KIND_NAMES[self.kind]
 
     @property
+    def default_text(self) -> str:
+        """The default as the settings reference and the error lines show it."""
+        return _show(self.default)
+
+    @property
     def accepts(self) -> str:
         """What the option accepts, in words (the end of every error about it)."""
         kind = self.kind
@@ -554,6 +559,17 @@ PROCESS_OPTIONS: tuple[Option, ...] = (
     Option(_PREFIX + "SHUTDOWN_TIMEOUT", None, "float", "Seconds a shutdown (SIGTERM, exit) may take in "
            "all: judge pool drain, held spans, sinks, exporters.", 5.0, low=0.0),
 )
+
+#: variables of other software that streamjudge reads as defaults of its own options
+BORROWED_VARIABLES: Mapping[str, str] = {
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "Default of STREAMJUDGE_CAPTURE_CONTENT: false, "
+    "NO_CONTENT or EVENT_ONLY turn content capture off.",
+    "OPENAI_API_KEY": "The judge LLM's key when no EVAL_* variable is set (the app's own OpenAI settings).",
+    "OPENAI_BASE_URL": "The judge LLM's endpoint when no EVAL_* variable is set.",
+    "OPENAI_MODEL": "The judge LLM's model when no EVAL_* variable is set.",
+    "ANTHROPIC_API_KEY": "The judge LLM's key (Anthropic) when no EVAL_* variable nor OPENAI_API_KEY is set.",
+    "ANTHROPIC_BASE_URL": "The Anthropic judge LLM's endpoint in that case.",
+}
 
 _FIELD_OPTIONS: tuple[tuple[str, Option], ...] = tuple((o.field, o) for o in OPTIONS if o.field)
 _BY_FIELD: dict[str, Option] = {opt.field: opt for opt in OPTIONS if opt.field}
@@ -874,7 +890,7 @@ def _with_default(exc: ConfigError) -> str:
         (o for o in (*LLM_OPTIONS, *PROCESS_OPTIONS) if str(exc).startswith(o.var + "=")), None)
     if opt is None:
         return f"{exc} (using the defaults)"
-    return f"{exc} (using the default: {_show(opt.default)})"
+    return f"{exc} (using the default: {opt.default_text})"
 
 
 def _report_once(log: logging.Logger, errors: list[ConfigError]) -> None:
