@@ -269,3 +269,12 @@ def test_a_bad_shutdown_timeout_is_said_at_start_up_once(caplog: pytest.LogCaptu
         assert _deadline.shutdown_timeout_s(env) == 5.0  # at shutdown: the default, not said again
     assert [r.getMessage() for r in caplog.records] == [
         "streamjudge: STREAMJUDGE_SHUTDOWN_TIMEOUT='nan': expected a number >= 0 (using the default: 5)"]
+
+
+def test_a_judge_llm_setting_in_code_is_checked_like_its_variable() -> None:
+    with pytest.raises(ConfigError, match=r"JudgeLLMSettings.timeout_s=nan: expected a number > 0 "
+                                          r"\(environment: EVAL_TIMEOUT / EVAL_CHECKPOINT_TIMEOUT\)"):
+        config.JudgeLLMSettings(timeout_s=float("nan"))
+    with pytest.raises(ConfigError, match="input_cost_per_mtok=-1"):
+        config.JudgeLLMSettings(input_cost_per_mtok=-1)
+    assert config.JudgeLLMSettings(timeout_s=5).timeout_s == 5

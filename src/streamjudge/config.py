@@ -109,6 +109,18 @@ class JudgeLLMSettings:
     # embedding model on the same endpoint (ragas answer relevancy); None = the framework's default
     embedding_model: str | None = None
 
+    def __post_init__(self) -> None:
+        # the same checks as the EVAL_* options (a JudgeLLMSettings serves the final pass or checkpoints)
+        for name, suffix, *_ in _LLM_FIELDS:
+            opt = _BY_VAR["EVAL_" + suffix]
+            try:
+                opt._accept(getattr(self, name))
+            except _Rejected:
+                raise ConfigError(
+                    f"JudgeLLMSettings.{name}={getattr(self, name)!r}: expected {opt.accepts} "
+                    f"(environment: EVAL_{suffix} / EVAL_CHECKPOINT_{suffix})", expected=opt.accepts,
+                ) from None
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -541,9 +553,9 @@ _LLM_FIELDS: tuple[tuple[str, str, str, str, dict[str, Any]], ...] = (
 
 
 def _llm_options(prefix: str, target: str, doc_suffix: str) -> tuple[Option, ...]:
-    base = JudgeLLMSettings()
+    defaults = {f.name: f.default for f in dataclasses.fields(JudgeLLMSettings)}
     return tuple(
-        Option(prefix + suffix, f"{target}.{name}", kind, doc + doc_suffix, getattr(base, name), **kw)
+        Option(prefix + suffix, f"{target}.{name}", kind, doc + doc_suffix, defaults[name], **kw)
         for name, suffix, kind, doc, kw in _LLM_FIELDS
     )
 
