@@ -134,3 +134,18 @@ def test_the_question_in_a_get_query_string_follows_the_policy(harness: Harness,
         assert leaked == []
         url = next(v for v in values if "/ask?" in v)
         assert url.endswith("?q=[REDACTED]&lang=[REDACTED]")
+
+
+def test_an_openinference_whose_tracer_is_elsewhere_is_set_up_again_hiding(
+    harness: Harness, oi: LangChainInstrumentor, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a future openinference may keep its tracer's configuration somewhere else: streamjudge cannot apply
+    # the hiding settings in place, so it switches openinference on again with them (and says so)
+    rt = harness.configure(end_wait_s=0.5, capture_content=False)
+    oi.instrument(tracer_provider=rt.tracer_provider)
+    oi._tracer._tracer = oi._tracer._tracer.__wrapped__  # a plain tracer: no configuration to change
+    with caplog.at_level("WARNING", logger="streamjudge.instrumentation"):
+        StreamJudgeInstrumentor().instrument()
+    assert "setting it up again" in caplog.text
+    spans, answer = _graph_spans(harness)
+    assert _leaks(spans, answer) == []

@@ -91,12 +91,19 @@ _URL_KEYS = ("http.url", "url.full", "http.target")
 
 def hide_query(scope: MutableMapping[str, Any]) -> None:
     """With capture off, the values of the request's query string are masked on the current (server) span:
-    ``GET /ask?q=<the question>`` keeps its parameter names, not their values."""
+    ``GET /ask?q=<the question>`` keeps its parameter names, not their values. Never raises."""
     from streamjudge.runtime import current_runtime
 
     rt = current_runtime()
     if rt is None or rt.settings.capture_content:
         return
+    try:
+        _mask_query(scope)
+    except Exception:  # on the request's path: a failure here must not reach the app
+        _log.warning("streamjudge: could not mask the query string on the request span", exc_info=True)
+
+
+def _mask_query(scope: MutableMapping[str, Any]) -> None:
     span = trace.get_current_span()
     if not span.is_recording():
         return
