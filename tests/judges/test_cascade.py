@@ -176,3 +176,17 @@ def test_a_claim_without_its_sentence_still_fails_the_llm_judges_score(llm_serve
     assert faith is not None and faith.value == 0.5
     assert faith.sentences[0].verdict == "supported" and faith.sentences[0].alert is None
     assert faith.with_label(0.7).label == "fail"  # the threshold still labels the value
+
+
+def test_a_sentence_the_strong_judge_says_nothing_about_keeps_the_local_verdict(
+    llm_server: ScriptedLLMServer,
+) -> None:
+    def only_the_first(body: dict[str, Any]) -> dict[str, Any] | None:
+        return {"json": {"claims": [{"claim": "a", "sentence": 1, "verdict": "supported", "reason": "-"}]}}
+
+    llm_server.app_responder = only_the_first
+    vague = "The tower painstakingly orchestrated elaborate ceremonies."
+    faith = run(cascade(llm_server), EvalInput("q", CTX, f"{UNCERTAIN} {vague}")).get("faithfulness")
+    assert faith is not None
+    assert [(s.verdict, s.tier) for s in faith.sentences] == [("supported", "llm"), ("uncertain", "local")]
+    assert "1 it said nothing about kept" in faith.explanation

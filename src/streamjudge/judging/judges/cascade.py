@@ -132,7 +132,9 @@ class CascadeJudge:
         """One call about the sentences of ``ask``, each on a line of its own."""
         text = "\n\n".join(item.answer[s.start : s.end] for s in ask)
         prefix = item.prefix + item.answer[: ask[0].start]
-        sub = EvalInput(item.question, item.contexts, text, kind=item.kind, prefix=prefix[-2000:])
+        # judged as a whole text: the sentences are complete (a checkpoint's judge may leave an
+        # unterminated last sentence to the next checkpoint)
+        sub = EvalInput(item.question, item.contexts, text, kind="answer", prefix=prefix[-2000:])
         return await self.strong.evaluate(sub, (semconv.FAITHFULNESS,))
 
     def _merge(self, score: Score, ask: Sequence[SentenceScore], strong: Score | None) -> Score:
@@ -150,6 +152,9 @@ class CascadeJudge:
         decided: dict[int, SentenceScore] = {}
         for k, (s, (a, b)) in enumerate(zip(ask, spans, strict=True)):
             mine = [x for x in strong.sentences if x.start < b and x.end > a]
+            if strong.sentences and not mine:
+                decided[k] = s  # the strong judge said nothing about it: the local verdict stands
+                continue
             verdict, value, reason = _strong_verdict(mine, strong)
             decided[k] = SentenceScore(
                 s.start, s.end, value, f"{self.strong.name}: {reason or verdict}; local: {s.reason}"[:300],
@@ -160,21 +165,21 @@ class CascadeJudge:
         sentences = tuple(by_range.get((s.start, s.end), s) for s in score.sentences)
         value = sum(_VALUES.get(s.verdict or "", s.value) for s in sentences) / len(sentences)
         changed = sum(1 for s in ask if by_range[(s.start, s.end)].verdict != s.verdict)
-        note = (f"; {len(ask)} sentence(s) escalated to {self.strong.name}, {changed} verdict(s) changed")
+        kept = sum(1 for s in ask if by_range[(s.start, s.end)] is s)
+        note = (f"; {len(ask)} sentence(s) escalated to {self.strong.name}, {changed} verdict(s) changed"
+                + (f", {kept} it said nothing about kept" if kept else ""))
         return replace(score, value=value, explanation=score.explanation + note, sentences=sentences)
 
 
 def _strong_verdict(mine: Sequence[SentenceScore], whole: Score) -> tuple[SentenceVerdict, float, str]:
-    """The strong judge's verdict on one asked sentence: its sentences' verdicts (the worst), else their
-    values read with the model band, else (a judge without sentences) its whole score."""
+    """The strong judge's verdict on one asked sentence: its sentences' verdicts (the worst; a value
+    without a verdict read with the model band), or (a judge without sentences) its whole score."""
     if mine:
         verdicts = [x.verdict or _band(x.value) for x in mine]
         worst: SentenceVerdict = ("fail" if "fail" in verdicts else "uncertain" if "uncertain" in verdicts
                                   else "supported")
         value = min(x.value for x in mine)
         return worst, value, "; ".join(x.reason for x in mine if x.reason)
-    if whole.sentences:  # it scored other sentences and said nothing against this one
-        return "supported", 1.0, ""
     assert whole.value is not None
     return _band(whole.value), whole.value, whole.explanation[:160]
 
