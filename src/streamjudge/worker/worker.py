@@ -33,8 +33,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-from streamjudge import semconv
+from streamjudge import _sdk, semconv
 from streamjudge.config import Settings
+from streamjudge.exporters._counting import CountingSpanExporter
 from streamjudge.judging.base import EvalKind, Judge
 from streamjudge.judging.judges import create_judge
 from streamjudge.judging.pool import JudgePool
@@ -112,11 +113,16 @@ def otlp_metric_readers() -> list[MetricReader]:
 def batch_processor(exporter: SpanExporter, meter_provider: MeterProvider) -> BatchSpanProcessor:
     """The export path: the SDK's batch processor, its ``OTEL_BSP_*`` variables honoured. Unset, a worker
     sends within 200 ms (a judged answer should not wait the SDK's 5 s) and queues up to 64k spans (it
-    forwards whole traces of many apps; the SDK's 2,048 would drop spans in a burst)."""
+    forwards whole traces of many apps; the SDK's 2,048 would drop spans in a burst). Every span it cannot
+    deliver, its own queue's drops included, is counted in ``streamjudge.export.failures``."""
     delay = None if os.environ.get("OTEL_BSP_SCHEDULE_DELAY") else 200
     queue = None if os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") else 65_536
-    return BatchSpanProcessor(exporter, schedule_delay_millis=delay, max_queue_size=queue,
-                              meter_provider=meter_provider)
+    counted = exporter if isinstance(exporter, CountingSpanExporter) else CountingSpanExporter(
+        exporter, meter_provider=meter_provider)
+    bsp = BatchSpanProcessor(counted, schedule_delay_millis=delay, max_queue_size=queue,
+                             meter_provider=meter_provider)
+    _sdk.report_batch_losses(bsp, counted.count_lost)  # what its full queue drops is lost too
+    return bsp
 
 
 def pool_from_settings(settings: Settings, meter_provider: metrics.MeterProvider) -> JudgePool:
