@@ -1,18 +1,27 @@
 """OTLP receivers of the worker: HTTP (protobuf on ``/v1/traces``) and gRPC (``TraceService/Export``).
 
 Both hand each decoded request to :meth:`Worker.ingest` and answer only after it returned, so a span is
-acknowledged once it is held or exported. While the worker shuts down they answer "unavailable" (HTTP 503,
+acknowledged once it is exported or held. While the worker shuts down they answer "unavailable" (HTTP 503,
 gRPC ``UNAVAILABLE``): the collector keeps the request in its queue and retries it. The HTTP server also
 serves ``GET /metrics`` (Prometheus text) and ``GET /healthz``.
+
+Limits, so that a client (or anything that reaches the port) cannot take the worker down: at most
+``max_connections`` connections are served at once (one more is answered 503 and closed); every read
+from a connection (headers, body, the wait for the next keep-alive request) gives up after
+``read_timeout_s``; a body over ``max_request_bytes`` is refused with 413, before it is read when its
+``Content-Length`` says so, and while it is inflated when compressed (the cap is on the inflated size).
+With a bearer token configured, an export without ``Authorization: Bearer <token>`` gets 401 (gRPC:
+``UNAUTHENTICATED``). A client that leaves mid-request is counted, not logged with a traceback.
 """
 
 from __future__ import annotations
 
-import gzip
+import hmac
 import logging
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +36,33 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_BODY_BYTES = 32 * 1024 * 1024  # default cap of one export request, compressed and inflated
 _PROTOBUF = "application/x-protobuf"
+_CHUNK = 64 * 1024
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
+         b"Connection: close\r\n\r\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one receiver accepts."""
+
+    max_connections: int = 32
+    max_request_bytes: int = MAX_BODY_BYTES
+    read_timeout_s: float = 10.0
+    bearer_token: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1 or self.max_request_bytes < 1 or not self.read_timeout_s > 0:
+            raise ValueError("max_connections and max_request_bytes must be >= 1, read_timeout_s > 0")
+
+    def authorized(self, header: str | None) -> bool:
+        """Whether an ``Authorization`` header value carries the token (always, without a token)."""
+        if not self.bearer_token:
+            return True
+        scheme, _, value = (header or "").strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(),
+                                                                    self.bearer_token.encode())
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -39,15 +73,95 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+class TooLarge(ValueError):
+    """The request body is over the cap (compressed or inflated)."""
+
+
+def inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` decoded per its ``Content-Encoding`` (gzip, deflate or none), never more than ``limit``
+    bytes of output: the inflation runs in bounded steps and stops at the cap (:class:`TooLarge`)."""
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise ValueError(f"unsupported Content-Encoding {encoding!r}")
+    d = zlib.decompressobj(47 if encoding == "gzip" else 15)  # gzip; zlib (deflate)
+    out: list[bytes] = []
+    size = 0
+    data = body
+    while data and not d.eof:
+        piece = d.decompress(data, min(_CHUNK, limit + 1 - size))
+        size += len(piece)
+        if size > limit:
+            raise TooLarge(f"inflated body over {limit} bytes")
+        out.append(piece)
+        data = d.unconsumed_tail
+    if not d.eof:
+        raise ValueError("truncated compressed body")
+    return b"".join(out)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
     worker: Worker
+    limits: Limits
+
+    def start_limits(self, worker: Worker, limits: Limits) -> None:
+        self.worker = worker
+        self.limits = limits
+        self.slots = threading.BoundedSemaphore(limits.max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            # over the bound: a thread per connection is what is being limited, so answer from here
+            self.worker.count_rejected("busy")
+            try:
+                request.settimeout(1.0)
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that went away or stalled: counted, logged without a traceback
+        import sys
+
+        exc = sys.exc_info()[1]
+        reason = "timeout" if isinstance(exc, TimeoutError) else "aborted"
+        self.worker.count_rejected(reason)
+        _log.debug("streamjudge worker: request from %s ended early (%s)", client_address, exc)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"  # keep-alive: the collector's exporter reuses its connection
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.limits.read_timeout_s)  # every read, idle waits too
+        self.served = 0
+
+    def handle_one_request(self) -> None:
+        super().handle_one_request()
+        self.served += 1
+
+    def log_error(self, format: str, *args: Any) -> None:
+        # the server's own reads timing out (a request line or headers that never finished); an idle
+        # keep-alive connection closing after its requests is normal
+        if format.startswith("Request timed out") and not self.served:
+            self.server.worker.count_rejected("timeout")
 
     def log_message(self, format: str, *args: Any) -> None:
         return None
@@ -64,12 +178,27 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         worker = self.server.worker
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            self._reply(413, b"request too large\n", "text/plain")
-            self.close_connection = True
+        limits = self.server.limits
+        if not limits.authorized(self.headers.get("Authorization")):
+            self._refuse(401, "unauthorized", b"missing or wrong bearer token\n",
+                         {"WWW-Authenticate": "Bearer"})
+            return
+        raw = (self.headers.get("Content-Length") or "").strip()
+        if not raw:
+            self._refuse(411, "bad_request", b"Content-Length required\n")
+            return
+        if not raw.isdigit():  # a sign, spaces or letters: nothing to read the body by
+            self._refuse(400, "bad_request", b"bad Content-Length\n")
+            return
+        length = int(raw)
+        if length > limits.max_request_bytes:
+            self._refuse(413, "too_large", b"request too large\n")
             return
         body = self.rfile.read(length)
+        if len(body) < length:  # the client closed before sending its whole body
+            worker.count_rejected("aborted")
+            self.close_connection = True
+            return
         if self.path != "/v1/traces":
             self._reply(404, b"only /v1/traces is served\n", "text/plain")
             return
@@ -82,17 +211,24 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             encoding = (self.headers.get("Content-Encoding") or "").strip().lower()
-            if encoding == "gzip":
-                body = gzip.decompress(body)
-            elif encoding == "deflate":
-                body = zlib.decompress(body)
+            body = inflate(body, encoding, limits.max_request_bytes)
             request = ExportTraceServiceRequest()
             request.ParseFromString(body)
-        except (OSError, EOFError, zlib.error, DecodeError) as exc:
+        except TooLarge:
+            self._refuse(413, "too_large", b"request too large once inflated\n")
+            return
+        except (ValueError, zlib.error, DecodeError, RecursionError) as exc:
+            worker.count_rejected("bad_request")
             self._reply(400, f"cannot decode the request: {exc}\n".encode(), "text/plain")
             return
         worker.ingest(request)
         self._reply(200, ExportTraceServiceResponse().SerializeToString(), _PROTOBUF)
+
+    def _refuse(self, status: int, reason: str, body: bytes, headers: dict[str, str] | None = None) -> None:
+        # the body was not read: the connection cannot carry another request
+        self.server.worker.count_rejected(reason)
+        self.close_connection = True
+        self._reply(status, body, "text/plain", {"Connection": "close", **(headers or {})})
 
     def _reply(self, status: int, body: bytes, ctype: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
@@ -107,10 +243,10 @@ class _Handler(BaseHTTPRequestHandler):
 class HttpReceiver:
     """OTLP/HTTP on ``endpoint`` (port 0: any free port, see :attr:`port`)."""
 
-    def __init__(self, worker: Worker, endpoint: str) -> None:
+    def __init__(self, worker: Worker, endpoint: str, limits: Limits | None = None) -> None:
         host, port = split_endpoint(endpoint)
         self._server = _Server((host, port), _Handler)
-        self._server.worker = worker
+        self._server.start_limits(worker, limits or Limits())
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="streamjudge-worker-http", daemon=True)
@@ -128,12 +264,18 @@ class HttpReceiver:
 class GrpcReceiver:
     """OTLP/gRPC ``TraceService`` on ``endpoint``."""
 
-    def __init__(self, worker: Worker, endpoint: str) -> None:
+    def __init__(self, worker: Worker, endpoint: str, limits: Limits | None = None) -> None:
         import grpc
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
+        lim = limits or Limits()
+
         class Servicer(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
             def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
+                metadata = dict(context.invocation_metadata() or ())
+                if not lim.authorized(metadata.get("authorization")):
+                    worker.count_rejected("unauthorized")
+                    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
                 if worker.stopping:
                     context.abort(grpc.StatusCode.UNAVAILABLE, "worker shutting down")
                 worker.ingest(request)
@@ -141,7 +283,9 @@ class GrpcReceiver:
 
         self._server = grpc.server(
             ThreadPoolExecutor(max_workers=4, thread_name_prefix="streamjudge-worker-grpc"),
-            options=[("grpc.max_receive_message_length", MAX_BODY_BYTES)],
+            # gRPC checks the size after decompression too; calls past the bound get RESOURCE_EXHAUSTED
+            options=[("grpc.max_receive_message_length", lim.max_request_bytes)],
+            maximum_concurrent_rpcs=lim.max_connections,
         )
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
             Servicer(), self._server
@@ -161,7 +305,7 @@ class GrpcReceiver:
         self._server.stop(grace=2.0).wait(3.0)
 
 
-def grpc_receiver(worker: Worker, endpoint: str) -> GrpcReceiver | None:
+def grpc_receiver(worker: Worker, endpoint: str, limits: Limits | None = None) -> GrpcReceiver | None:
     """The gRPC receiver, or None (with a warning) when grpcio is not installed."""
     try:
         import grpc  # noqa: F401
@@ -169,4 +313,4 @@ def grpc_receiver(worker: Worker, endpoint: str) -> GrpcReceiver | None:
     except ImportError:
         _log.warning("streamjudge worker: grpcio is not installed; OTLP/gRPC is off (HTTP still serves)")
         return None
-    return GrpcReceiver(worker, endpoint)
+    return GrpcReceiver(worker, endpoint, limits)

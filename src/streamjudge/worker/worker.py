@@ -45,6 +45,7 @@ from streamjudge.results import EvalInput, JudgeRequest
 from streamjudge.worker._buffer import Release, TraceBuffer
 from streamjudge.worker._convert import Received, spans
 from streamjudge.worker._metrics import PrometheusText
+from streamjudge.worker._receive import Limits
 
 _log = logging.getLogger(__name__)
 
@@ -65,10 +66,20 @@ class WorkerOptions:
     decision_wait_s: float = 30.0  # longest a trace waits for its deferred answer span
     shutdown_timeout_s: float = 10.0  # SIGTERM: everything flushed or marked within this
     remember_spans: int = 200_000  # span ids remembered to recognise a retried export
+    max_connections: int = 32  # per receiver: connections (HTTP) / concurrent calls (gRPC) served at once
+    max_request_bytes: int = 32 * 1024 * 1024  # one export request, compressed and once inflated
+    read_timeout_s: float = 10.0  # HTTP: each read of a connection (headers, body, keep-alive idle)
+    bearer_token: str | None = None  # exports must carry ``Authorization: Bearer <token>``; None = open
 
     def __post_init__(self) -> None:
         if self.shutdown_timeout_s <= 0:
             raise ValueError("shutdown_timeout_s must be > 0")
+        self.limits()  # checks the receivers' bounds
+
+    def limits(self) -> Limits:
+        """The receivers' limits."""
+        return Limits(max_connections=self.max_connections, max_request_bytes=self.max_request_bytes,
+                      read_timeout_s=self.read_timeout_s, bearer_token=self.bearer_token or None)
 
 
 def is_deferred_answer(span: ReadableSpan) -> bool:
@@ -216,6 +227,12 @@ class Worker:
         self._m_answers = meter.create_counter(
             semconv.METRIC_WORKER_ANSWERS, description="Deferred answer spans exported, by outcome"
         )
+        self._m_rejected = meter.create_counter(
+            semconv.METRIC_WORKER_REQUESTS_REJECTED,
+            description="OTLP requests refused or cut short (too_large, bad_request, unauthorized, busy, "
+                        "aborted, timeout)",
+        )
+        self._rejected: dict[str, int] = {}
         for name, get in (
             (semconv.METRIC_WORKER_BUFFER_TRACES, lambda: self.buffer.traces),
             (semconv.METRIC_WORKER_BUFFER_SPANS, lambda: self.buffer.spans),
@@ -234,6 +251,17 @@ class Worker:
         return self._stopping.is_set()
 
     # --- receiving -----------------------------------------------------------------------------------
+
+    def count_rejected(self, reason: str) -> None:
+        """A receiver refused a request or lost its client (``reason``)."""
+        with self._lock:
+            self._rejected[reason] = self._rejected.get(reason, 0) + 1
+        self._m_rejected.add(1, {semconv.METRIC_ATTR_REASON: reason})
+
+    def rejected_counts(self) -> dict[str, int]:
+        """Requests the receivers refused or lost, by reason, so far."""
+        with self._lock:
+            return dict(self._rejected)
 
     def ingest(self, request: ExportTraceServiceRequest) -> int:
         """Take the spans of one OTLP export request. Returns how many were new."""
@@ -370,11 +398,11 @@ class Worker:
 
         o = self.options
         if o.http_endpoint:
-            http = _receive.HttpReceiver(self, o.http_endpoint).start()
+            http = _receive.HttpReceiver(self, o.http_endpoint, o.limits()).start()
             self._receivers.append(http)
             self.http_port = http.port
         if o.grpc_endpoint:
-            grpc_receiver = _receive.grpc_receiver(self, o.grpc_endpoint)
+            grpc_receiver = _receive.grpc_receiver(self, o.grpc_endpoint, o.limits())
             if grpc_receiver is not None:
                 self._receivers.append(grpc_receiver.start())
                 self.grpc_port = grpc_receiver.port

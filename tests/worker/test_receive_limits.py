@@ -1,0 +1,173 @@
+"""The worker's OTLP receivers against clients that break the rules: compressed bombs, connections that
+never finish, a bad ``Content-Length``, clients that leave mid-request, and exports without the token.
+Every check is a count or a size; a wait is a deadline for something that must happen, never a margin."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import tracemalloc
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Callable, Iterator
+
+import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from _fakes import KeywordJudge
+from streamjudge.config import Settings
+from streamjudge.worker import Worker, WorkerOptions
+from worker._spans import app_trace, request
+
+CAP = 1024 * 1024
+MAX_CONNECTIONS = 8
+
+
+def _worker(**options: object) -> Worker:
+    opts = WorkerOptions(http_endpoint="127.0.0.1:0", grpc_endpoint="127.0.0.1:0", **options)  # type: ignore[arg-type]
+    return Worker(Settings(), opts, export=SimpleSpanProcessor(InMemorySpanExporter()),
+                  judge=KeywordJudge()).start()
+
+
+@pytest.fixture
+def worker() -> Iterator[Worker]:
+    w = _worker(max_request_bytes=CAP, max_connections=MAX_CONNECTIONS)
+    try:
+        yield w
+    finally:
+        w.shutdown(5.0)
+
+
+def _post(port: int, body: bytes, **headers: str) -> int:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=body,
+                                 headers={"Content-Type": "application/x-protobuf", **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def _raw(port: int, data: bytes, *, timeout_s: float = 30.0) -> bytes:
+    """Send ``data`` and read the reply until the server closes or answers."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        s.sendall(data)
+        return s.recv(4096)
+
+
+def _eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return check()
+
+
+def _bomb(inflated: int) -> bytes:
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zeros = bytes(1 << 20)
+    return b"".join(c.compress(zeros) for _ in range(inflated >> 20)) + c.flush()
+
+
+def test_a_gzip_body_is_capped_at_its_inflated_size(worker: Worker) -> None:
+    bomb = _bomb(64 * CAP)  # 64 KB on the wire
+    assert len(bomb) < CAP
+    tracemalloc.start()
+    try:
+        status = _post(worker.http_port or 0, bomb, **{"Content-Encoding": "gzip"})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert status == 413
+    assert peak < 4 * CAP, f"{peak / 1e6:.1f} MB to refuse it"
+    assert worker.rejected_counts() == {"too_large": 1}
+    # under the cap, compressed bodies are still read
+    ok = zlib.compress(request(app_trace(answer=False)).SerializeToString())
+    assert _post(worker.http_port or 0, ok, **{"Content-Encoding": "deflate"}) == 200
+
+
+def test_a_declared_length_over_the_cap_is_refused_before_reading(worker: Worker) -> None:
+    head = f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: {CAP + 1}\r\n\r\n".encode()
+    assert _raw(worker.http_port or 0, head).startswith(b"HTTP/1.1 413")
+
+
+@pytest.mark.parametrize("length", ["-1", "12abc", " -5"])
+def test_a_bad_content_length_gets_400(worker: Worker, length: str) -> None:
+    head = f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n".encode()
+    assert _raw(worker.http_port or 0, head).startswith(b"HTTP/1.1 400")
+    assert worker.rejected_counts() == {"bad_request": 1}
+
+
+def test_half_open_connections_are_bounded_and_refused_beyond_the_bound(worker: Worker) -> None:
+    port = worker.http_port or 0
+    threads_before = threading.active_count()
+    half_open = []
+    try:
+        for _ in range(300):  # headers never finished
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n")
+            half_open.append(s)
+        # the server accepts in order: once this one is answered, all 300 were seen
+        assert _raw(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 503")
+        assert threading.active_count() <= threads_before + MAX_CONNECTIONS
+        assert worker.rejected_counts()["busy"] == 300 - MAX_CONNECTIONS + 1
+    finally:
+        for s in half_open:
+            s.close()
+    # the slots come back as those connections end
+    assert _eventually(lambda: _post(port, request(app_trace(answer=False)).SerializeToString()) == 200)
+
+
+def test_a_connection_that_never_finishes_its_headers_is_closed_after_the_read_timeout() -> None:
+    w = _worker(read_timeout_s=0.3)
+    try:
+        with socket.create_connection(("127.0.0.1", w.http_port or 0), timeout=30) as s:
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\n")
+            assert s.recv(4096) == b""  # closed by the server, well before this socket's own 30 s
+        assert _eventually(lambda: w.rejected_counts().get("timeout") == 1)
+    finally:
+        w.shutdown(5.0)
+
+
+def test_a_client_leaving_mid_body_is_counted_not_logged(worker: Worker, capfd: pytest.CaptureFixture[str]) -> None:
+    port = worker.http_port or 0
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+    assert _eventually(lambda: worker.rejected_counts().get("aborted") == 3)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err
+
+
+def test_with_a_token_an_export_must_carry_it() -> None:
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    w = _worker(bearer_token="s3cret-token")
+    try:
+        body = request(app_trace(answer=False)).SerializeToString()
+        port = w.http_port or 0
+        assert _post(port, body) == 401
+        assert _post(port, body, Authorization="Bearer wrong") == 401
+        assert _post(port, body, Authorization="Bearer s3cret-token") == 200
+        # the SDK's exporters with the standard header settings (OTEL_EXPORTER_OTLP_HEADERS)
+        spans = app_trace(answer=False)
+        http = HttpExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces",
+                            headers={"Authorization": "Bearer s3cret-token"})
+        assert http.export(spans) is SpanExportResult.SUCCESS
+        grpc_ok = GrpcExporter(endpoint=f"127.0.0.1:{w.grpc_port}", insecure=True,
+                               headers={"authorization": "Bearer s3cret-token"})
+        grpc_bad = GrpcExporter(endpoint=f"127.0.0.1:{w.grpc_port}", insecure=True)
+        try:
+            assert grpc_ok.export(spans) is SpanExportResult.SUCCESS
+            assert grpc_bad.export(spans) is SpanExportResult.FAILURE
+        finally:
+            grpc_ok.shutdown()
+            grpc_bad.shutdown()
+        assert w.rejected_counts() == {"unauthorized": 3}
+    finally:
+        w.shutdown(5.0)
