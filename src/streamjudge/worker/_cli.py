@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a trace waits for its deferred answer span (default %(default)s)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="on SIGTERM: seconds to flush held traces and finish or mark judgements")
+    p.add_argument("--hold-traces", action="store_true",
+                   help="hold a trace's other spans until its answer is judged (a tail sampler downstream "
+                        "sees whole traces); held spans are lost if the worker is killed")
     p.add_argument("--max-connections", type=int, default=32,
                    help="connections (HTTP) / concurrent calls (gRPC) served at once; more get 503")
     p.add_argument("--max-request-bytes", type=int, default=32 * 1024 * 1024,
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             max_spans=args.max_spans, max_bytes=args.max_bytes, decision_wait_s=args.decision_wait,
             shutdown_timeout_s=args.shutdown_timeout, max_connections=args.max_connections,
             max_request_bytes=args.max_request_bytes, read_timeout_s=args.read_timeout,
-            bearer_token=_token(args),
+            bearer_token=_token(args), hold_traces=args.hold_traces,
         )
         worker = Worker(settings, options, metric_readers=otlp_metric_readers())
     except (ConfigError, ValueError, OSError) as exc:

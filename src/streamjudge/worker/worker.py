@@ -1,13 +1,15 @@
 """``streamjudge worker``: the deferred final pass, behind the collector's ``load_balancing`` exporter.
 
-The collector routes every span of a trace to one worker (routing key ``traceID``). The worker holds a
-trace's spans (:class:`~streamjudge.worker._buffer.TraceBuffer`) until its deferred answer span — the
-app's stream span with ``streamjudge.eval.status`` = ``deferred``, carrying question, contexts and answer —
-has been judged, and exports the trace onward with that span enriched exactly as in-process judging does:
+The collector routes every span of a trace to one worker (routing key ``traceID``). The worker judges a
+trace's deferred answer span — the app's stream span with ``streamjudge.eval.status`` = ``deferred``,
+carrying question, contexts and answer — and exports it onward enriched exactly as in-process judging does:
 the answer span goes through a :class:`~streamjudge.judging.processor.JudgeSpanProcessor` (held by id,
 resolved by the :class:`~streamjudge.judging.service.JudgingService` and its
 :class:`~streamjudge.judging.pool.JudgePool`) whose downstream is a ``BatchSpanProcessor`` with the OTLP
-exporter the ``OTEL_EXPORTER_OTLP_*`` variables configure. Every other span leaves unchanged.
+exporter the ``OTEL_EXPORTER_OTLP_*`` variables configure. Every other span leaves unchanged, at once:
+it is handed to the export path before the request that brought it is acknowledged. With
+``hold_traces`` the trace's other spans wait instead (:class:`~streamjudge.worker._buffer.TraceBuffer`)
+and leave with the judged answer, for a tail sampler downstream that must see whole traces.
 
 Exactly one outcome per answer: judged, or the pool's reason it was not (dropped, timeout, error,
 sampled_out, shutdown...), or ``skipped`` with the reason the worker could not judge it. A span re-sent by a
@@ -70,6 +72,10 @@ class WorkerOptions:
     max_request_bytes: int = 32 * 1024 * 1024  # one export request, compressed and once inflated
     read_timeout_s: float = 10.0  # HTTP: each read of a connection (headers, body, keep-alive idle)
     bearer_token: str | None = None  # exports must carry ``Authorization: Bearer <token>``; None = open
+    #: hold a trace's other spans until its answer is judged (a tail sampler downstream sees whole
+    #: traces), instead of forwarding them before the export is acknowledged. Held spans are lost if the
+    #: worker is killed (SIGKILL, out of memory) before they leave.
+    hold_traces: bool = False
 
     def __post_init__(self) -> None:
         if self.shutdown_timeout_s <= 0:
@@ -279,6 +285,8 @@ class Worker:
         new = 0
         out: list[Release] = []
         answers: list[Received] = []
+        forward: list[ReadableSpan] = []
+        hold = self.options.hold_traces
         for received in spans(request):
             if not self._first_time(received):
                 self._m_duplicate.add(1)
@@ -286,14 +294,22 @@ class Worker:
             new += 1
             if is_deferred_answer(received.span):
                 answers.append(received)
-            else:
+            elif hold:
                 out.extend(self.buffer.add(received, now))
+            else:
+                forward.append(received.span)
+        if forward:
+            out.append(Release("forwarded", tuple(forward)))
         # answers last: spans of their trace that came in the same request are held before it is judged
         for received in answers:
             self._take_answer(received, now)
         if new:
             self._m_received.add(new)
         self._export(out)
+        if forward:
+            # handed on before the sender is told they arrived: a worker killed after acknowledging has
+            # no copy of them left to lose
+            self._outbound.export.force_flush()
         return new
 
     def _first_time(self, received: Received) -> bool:
@@ -309,7 +325,7 @@ class Worker:
     def _take_answer(self, received: Received, now: float) -> None:
         span = received.span
         tid, sid = received.trace_id, received.span_id
-        if self.buffer.begin_answer(tid, sid, now):
+        if self.options.hold_traces and self.buffer.begin_answer(tid, sid, now):
             with self._lock:
                 self._judging[sid] = tid
         request, skip = self._request(span, tid, sid)
