@@ -501,7 +501,7 @@ def test_a_worker_killed_after_acknowledging_an_export_loses_none_of_the_spans_i
                         extra_env={"STREAMJUDGE_JUDGE": "worker_judges:HangingJudge"})
     try:
         worker.start("--decision-wait", "600")
-        spans, pending, answers = _traces(n_pending=5, n_answers=3)
+        spans, _pending, answers = _traces(n_pending=5, n_answers=3)
         body = encode_spans(spans).SerializeToString()
         import urllib.request
 
