@@ -274,8 +274,9 @@ def test_the_kubernetes_gateway_config_in_deploy_is_valid_for_the_real_collector
     [config_map] = [d for d in docs if d["kind"] == "ConfigMap"]
     config = tmp_path / "k8s-gateway.yaml"
     config.write_text(config_map["data"]["config.yaml"])
+    env = {**os.environ, "POD_IP": "10.1.2.3", "STREAMJUDGE_WORKER_BEARER_TOKEN": "t0ken"}  # the pod's env
     proc = subprocess.run([str(collector_binary()), "validate", "--config", str(config)],
-                          capture_output=True, text=True, timeout=120, check=False)
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "k8s" in yaml.safe_load(config.read_text())["exporters"]["load_balancing"]["resolver"]
 
