@@ -171,3 +171,22 @@ def test_with_a_token_an_export_must_carry_it() -> None:
         assert w.rejected_counts() == {"unauthorized": 3}
     finally:
         w.shutdown(5.0)
+
+
+def test_grpc_caps_the_inflated_size_of_a_compressed_export_too(worker: Worker) -> None:
+    from opentelemetry.exporter.otlp.proto.grpc.exporter import Compression
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    provider = TracerProvider()
+    span = provider.get_tracer("t").start_span("big", attributes={"blob": "a" * (2 * CAP)})
+    span.end()
+    exporter = GrpcExporter(endpoint=f"127.0.0.1:{worker.grpc_port}", insecure=True,
+                            compression=Compression.Gzip, timeout=3)
+    small = app_trace(answer=False)
+    try:
+        assert exporter.export([span]) is SpanExportResult.FAILURE  # a few KB on the wire, 2 MB inflated
+        assert exporter.export(small) is SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
