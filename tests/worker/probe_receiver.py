@@ -84,18 +84,18 @@ def aborted(port: int, n: int = 10) -> dict[str, object]:
 
 def main() -> None:
     which = sys.argv[1]
-    err = tempfile.TemporaryFile()
-    saved = os.dup(2)
-    os.dup2(err.fileno(), 2)
-    worker = Worker(Settings(), WorkerOptions(http_endpoint="127.0.0.1:0", grpc_endpoint=None),
-                    export=SimpleSpanProcessor(InMemorySpanExporter())).start()
-    try:
-        result = {"bomb": bomb, "half_open": half_open, "bad_length": bad_length, "aborted": aborted}[which](
-            worker.http_port or 0)
-    finally:
-        os.dup2(saved, 2)
-    err.seek(0)
-    result["stderr_tracebacks"] = err.read().decode(errors="replace").count("Traceback")
+    with tempfile.TemporaryFile() as err:
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        worker = Worker(Settings(), WorkerOptions(http_endpoint="127.0.0.1:0", grpc_endpoint=None),
+                        export=SimpleSpanProcessor(InMemorySpanExporter())).start()
+        try:
+            probe = {"bomb": bomb, "half_open": half_open, "bad_length": bad_length, "aborted": aborted}[which]
+            result = probe(worker.http_port or 0)
+        finally:
+            os.dup2(saved, 2)
+        err.seek(0)
+        result["stderr_tracebacks"] = err.read().decode(errors="replace").count("Traceback")
     counts = getattr(worker, "rejected_counts", None)
     if counts is not None:
         result["rejected_counted"] = counts()
