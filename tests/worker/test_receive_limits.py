@@ -34,7 +34,9 @@ def _worker(**options: object) -> Worker:
 
 @pytest.fixture
 def worker() -> Iterator[Worker]:
-    w = _worker(max_request_bytes=CAP, max_connections=MAX_CONNECTIONS)
+    # timeouts far away: a slow machine must not free a slot in the middle of a count
+    w = _worker(max_request_bytes=CAP, max_connections=MAX_CONNECTIONS, read_timeout_s=300.0,
+                request_timeout_s=300.0)
     try:
         yield w
     finally:
@@ -190,3 +192,23 @@ def test_grpc_caps_the_inflated_size_of_a_compressed_export_too(worker: Worker) 
         assert exporter.export(small) is SpanExportResult.SUCCESS
     finally:
         exporter.shutdown()
+
+
+def test_a_client_trickling_its_headers_is_cut_off_at_the_request_deadline() -> None:
+    # each byte comes well within the read timeout: only a deadline on the whole request ends it
+    w = _worker(read_timeout_s=30.0, request_timeout_s=0.5)
+    try:
+        with socket.create_connection(("127.0.0.1", w.http_port or 0), timeout=30) as s:
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\n")
+            closed = False
+            for _ in range(600):  # a byte every 50 ms: 30 s of trickling at most
+                try:
+                    s.sendall(b"X")
+                except OSError:
+                    closed = True
+                    break
+                time.sleep(0.05)
+            assert closed, "the server kept a trickling request open"
+        assert _eventually(lambda: w.rejected_counts() == {"timeout": 1}), w.rejected_counts()
+    finally:
+        w.shutdown(5.0)

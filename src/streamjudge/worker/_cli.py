@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest export request, compressed and once inflated (413 beyond)")
     p.add_argument("--read-timeout", type=float, default=10.0,
                    help="seconds an HTTP connection may take for each read (headers, body, idle)")
+    p.add_argument("--request-timeout", type=float, default=30.0,
+                   help="seconds a whole HTTP request (line, headers, body) may take to arrive")
     p.add_argument("--bearer-token-file", default=None,
                    help=f"exports must carry 'Authorization: Bearer <the file's token>' (or set {TOKEN_ENV})")
 
@@ -70,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
             max_spans=args.max_spans, max_bytes=args.max_bytes, decision_wait_s=args.decision_wait,
             shutdown_timeout_s=args.shutdown_timeout, max_connections=args.max_connections,
             max_request_bytes=args.max_request_bytes, read_timeout_s=args.read_timeout,
+            request_timeout_s=args.request_timeout,
             bearer_token=_token(args), hold_traces=args.hold_traces,
         )
         worker = Worker(settings, options, metric_readers=otlp_metric_readers())

@@ -8,17 +8,22 @@ serves ``GET /metrics`` (Prometheus text) and ``GET /healthz``.
 Limits, so that a client (or anything that reaches the port) cannot take the worker down: at most
 ``max_connections`` connections are served at once (one more is answered 503 and closed); every read
 from a connection (headers, body, the wait for the next keep-alive request) gives up after
-``read_timeout_s``; a body over ``max_request_bytes`` is refused with 413, before it is read when its
-``Content-Length`` says so, and while it is inflated when compressed (the cap is on the inflated size).
+``read_timeout_s``, and a request that has not fully arrived ``request_timeout_s`` after it began (a
+client trickling bytes) is cut off; a body over ``max_request_bytes`` is refused with 413, before it is
+read when its ``Content-Length`` says so, and while it is inflated when compressed (the cap is on the
+inflated size).
 With a bearer token configured, an export without ``Authorization: Bearer <token>`` gets 401 (gRPC:
 ``UNAUTHENTICATED``). A client that leaves mid-request is counted, not logged with a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
+import socket
 import threading
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,11 +55,14 @@ class Limits:
     max_connections: int = 32
     max_request_bytes: int = MAX_BODY_BYTES
     read_timeout_s: float = 10.0
+    request_timeout_s: float = 30.0
     bearer_token: str | None = None
 
     def __post_init__(self) -> None:
-        if self.max_connections < 1 or self.max_request_bytes < 1 or not self.read_timeout_s > 0:
-            raise ValueError("max_connections and max_request_bytes must be >= 1, read_timeout_s > 0")
+        if self.max_connections < 1 or self.max_request_bytes < 1:
+            raise ValueError("max_connections and max_request_bytes must be >= 1")
+        if not (self.read_timeout_s > 0 and self.request_timeout_s > 0):  # nan fails too
+            raise ValueError("read_timeout_s and request_timeout_s must be > 0")
 
     def authorized(self, header: str | None) -> bool:
         """Whether an ``Authorization`` header value carries the token (always, without a token)."""
@@ -100,6 +108,57 @@ def inflate(body: bytes, encoding: str, limit: int) -> bytes:
     return b"".join(out)
 
 
+class _Deadlines:
+    """Closes a connection whose request has not fully arrived within its deadline: a client trickling a
+    byte now and then passes every per-read timeout, not this one. One thread for all connections."""
+
+    def __init__(self, worker: Worker, period_s: float) -> None:
+        self._worker = worker
+        self._period = period_s
+        self._due: dict[Any, float] = {}
+        self.reaped: set[Any] = set()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        threading.Thread(target=self._run, name="streamjudge-worker-http-deadlines", daemon=True).start()
+
+    def arm(self, conn: Any, seconds: float) -> None:
+        with self._lock:
+            self._due[conn] = time.monotonic() + seconds
+
+    def disarm(self, conn: Any) -> None:
+        with self._lock:
+            self._due.pop(conn, None)
+
+    def forget(self, conn: Any) -> bool:
+        """The connection ended; returns whether it was closed for being late."""
+        with self._lock:
+            self._due.pop(conn, None)
+            if conn in self.reaped:
+                self.reaped.discard(conn)
+                return True
+            return False
+
+    def was_reaped(self, conn: Any) -> bool:
+        with self._lock:
+            return conn in self.reaped
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _run(self) -> None:
+        while not self._closed.wait(self._period):
+            now = time.monotonic()
+            with self._lock:
+                late = [c for c, due in self._due.items() if due <= now]
+                for c in late:
+                    del self._due[c]
+                    self.reaped.add(c)
+            for c in late:
+                self._worker.count_rejected("timeout")
+                with contextlib.suppress(OSError):
+                    c.shutdown(socket.SHUT_RDWR)  # the handler's blocked read returns at once
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
@@ -110,6 +169,7 @@ class _Server(ThreadingHTTPServer):
         self.worker = worker
         self.limits = limits
         self.slots = threading.BoundedSemaphore(limits.max_connections)
+        self.deadlines = _Deadlines(worker, min(0.5, limits.request_timeout_s / 4))
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False):
@@ -132,15 +192,20 @@ class _Server(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.deadlines.forget(request)
             self.slots.release()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.deadlines.close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that went away or stalled: counted, logged without a traceback
         import sys
 
         exc = sys.exc_info()[1]
-        reason = "timeout" if isinstance(exc, TimeoutError) else "aborted"
-        self.worker.count_rejected(reason)
+        if not self.deadlines.was_reaped(request):  # counted as a timeout already
+            self.worker.count_rejected("timeout" if isinstance(exc, TimeoutError) else "aborted")
         _log.debug("streamjudge worker: request from %s ended early (%s)", client_address, exc)
 
 
@@ -154,8 +219,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.served = 0
 
     def handle_one_request(self) -> None:
+        # the whole request (line, headers, body) must arrive within request_timeout_s; handling it and
+        # replying are not bounded by it
+        self.server.deadlines.arm(self.connection, self.server.limits.request_timeout_s)
         super().handle_one_request()
         self.served += 1
+
+    def _late(self) -> bool:
+        # cut off at its deadline (counted then): what was read is partial, nothing can be answered
+        if self.server.deadlines.was_reaped(self.connection):
+            self.close_connection = True
+            return True
+        return False
 
     def log_error(self, format: str, *args: Any) -> None:
         # the server's own reads timing out (a request line or headers that never finished); an idle
@@ -167,6 +242,9 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
     def do_GET(self) -> None:
+        self.server.deadlines.disarm(self.connection)
+        if self._late():
+            return
         worker = self.server.worker
         if self.path == "/metrics":
             self._reply(200, worker.prometheus.render().encode(), "text/plain; version=0.0.4")
@@ -179,6 +257,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         worker = self.server.worker
         limits = self.server.limits
+        if self._late():
+            return
         if not limits.authorized(self.headers.get("Authorization")):
             self._refuse(401, "unauthorized", b"missing or wrong bearer token\n",
                          {"WWW-Authenticate": "Bearer"})
@@ -195,6 +275,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(413, "too_large", b"request too large\n")
             return
         body = self.rfile.read(length)
+        self.server.deadlines.disarm(self.connection)
+        if self._late():
+            return
         if len(body) < length:  # the client closed before sending its whole body
             worker.count_rejected("aborted")
             self.close_connection = True

@@ -71,6 +71,7 @@ class WorkerOptions:
     max_connections: int = 32  # per receiver: connections (HTTP) / concurrent calls (gRPC) served at once
     max_request_bytes: int = 32 * 1024 * 1024  # one export request, compressed and once inflated
     read_timeout_s: float = 10.0  # HTTP: each read of a connection (headers, body, keep-alive idle)
+    request_timeout_s: float = 30.0  # HTTP: a whole request (line, headers, body) to arrive
     bearer_token: str | None = None  # exports must carry ``Authorization: Bearer <token>``; None = open
     #: hold a trace's other spans until its answer is judged (a tail sampler downstream sees whole
     #: traces), instead of forwarding them before the export is acknowledged. Held spans are lost if the
@@ -85,7 +86,8 @@ class WorkerOptions:
     def limits(self) -> Limits:
         """The receivers' limits."""
         return Limits(max_connections=self.max_connections, max_request_bytes=self.max_request_bytes,
-                      read_timeout_s=self.read_timeout_s, bearer_token=self.bearer_token or None)
+                      read_timeout_s=self.read_timeout_s, request_timeout_s=self.request_timeout_s,
+                      bearer_token=self.bearer_token or None)
 
 
 def is_deferred_answer(span: ReadableSpan) -> bool:
