@@ -170,3 +170,22 @@ def test_a_vendor_processors_filter_is_where_it_is_read() -> None:
     assert _sdk.vendor_export_filter(p) is bool
     _sdk.set_vendor_export_filter(p, callable)
     assert p._should_export_span is callable  # type: ignore[attr-defined]
+
+
+def test_counting_the_batch_queue_keeps_what_was_queued_and_its_order() -> None:
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    inner = InMemorySpanExporter()
+    bsp = BatchSpanProcessor(inner, max_queue_size=10, max_export_batch_size=10, schedule_delay_millis=60_000)
+    provider.add_span_processor(bsp)
+    tracer = provider.get_tracer("t")
+    tracer.start_span("a").end()
+    tracer.start_span("b").end()
+    batch = bsp._batch_processor
+    assert hasattr(batch._export_lock, "acquire") and len(batch._queue) == 2  # where the swap happens
+    assert _sdk.report_batch_losses(bsp, lambda n, why: None)
+    tracer.start_span("c").end()
+    bsp.force_flush()
+    assert [s.name for s in inner.get_finished_spans()] == ["a", "b", "c"]
+    provider.shutdown()

@@ -447,19 +447,21 @@ def set_processor_exporter(processor: SpanProcessor, exporter: SpanExporter) -> 
 
 class _LossMetrics:
     """Stands in for the batch processor's own metrics object (the SDK's hook for what it drops): a span
-    refused after shutdown is reported to ``on_lost``; everything goes on to the SDK's metrics as before.
-    (Its ``queue_full`` report races the worker's pops, so those are counted by :class:`_LossQueue`.)"""
+    refused after shutdown is reported to ``on_lost``, and so is one dropped from a full queue unless
+    :class:`_LossQueue` counts those (the SDK's own report races the exporting thread's pops); everything
+    goes on to the SDK's metrics as before."""
 
-    def __init__(self, inner: Any, on_lost: Callable[[int, str], None]) -> None:
+    def __init__(self, inner: Any, on_lost: Callable[[int, str], None], *, queue_full: bool) -> None:
         self.inner = inner
         self.on_lost = on_lost
+        self.queue_full = queue_full
 
     def register_queue_size(self, get_queue_size: Callable[[], int]) -> None:
         self.inner.register_queue_size(get_queue_size)
 
     def drop_items(self, count: int, error_type: str = "queue_full") -> None:
         try:
-            if error_type != "queue_full":
+            if error_type != "queue_full" or self.queue_full:
                 self.on_lost(count, error_type)
         finally:
             self.inner.drop_items(count, error_type)
@@ -471,10 +473,10 @@ class _LossMetrics:
 class _LossQueue(deque[Any]):
     """The batch processor's bounded queue, counting what it pushes out: the SDK appends to a full deque,
     which silently drops the oldest span. Append and pop share a lock, so a span popped for export at the
-    same moment is never counted as lost (the SDK's own check of the length races that pop)."""
+    same moment is never counted as lost."""
 
-    def __init__(self, items: deque[Any], on_lost: Callable[[int, str], None]) -> None:
-        super().__init__(items, items.maxlen)
+    def __init__(self, maxlen: int | None, on_lost: Callable[[int, str], None]) -> None:
+        super().__init__((), maxlen)
         self.on_lost = on_lost
         self.lock = threading.Lock()
 
@@ -489,36 +491,53 @@ class _LossQueue(deque[Any]):
         with self.lock:
             return super().pop()
 
-    def take_all(self) -> int:
-        """Empty the queue; returns how many it held."""
-        with self.lock:
-            n = len(self)
-            self.clear()
+
+def _drain(queue: deque[Any]) -> int:
+    n = 0
+    while True:
+        try:
+            queue.pop()
+        except IndexError:
             return n
+        n += 1
 
 
 def report_batch_losses(processor: BatchSpanProcessor, on_lost: Callable[[int, str], None]) -> bool:
     """Call ``on_lost(n, reason)`` for every span ``processor`` drops without exporting: ``queue_full``
     (the SDK drops silently while its queue is full, e.g. during a backend outage), ``already_shutdown``
-    (ended after its shutdown) and ``shutdown`` (still queued when its shutdown gave up). Call it before
-    spans flow (a span queued while the queue is swapped could be missed). Idempotent; False when this
-    SDK keeps its queue elsewhere (nothing is reported then)."""
+    (ended after its shutdown) and ``shutdown`` (still queued when its shutdown gave up). Idempotent;
+    False when this SDK keeps its queue elsewhere (nothing is reported then)."""
     batch = getattr(processor, "_batch_processor", None)
     metrics = getattr(batch, "_metrics", None)
     queue = getattr(batch, "_queue", None)
-    if batch is None or not hasattr(metrics, "drop_items") or not isinstance(queue, deque):
+    lock = getattr(batch, "_export_lock", None)
+    if batch is None or not hasattr(metrics, "drop_items") or not isinstance(queue, deque) or lock is None:
         return False
-    if isinstance(queue, _LossQueue):
+    if isinstance(metrics, _LossMetrics):
         return True
-    batch._metrics = _LossMetrics(metrics, on_lost)
-    counted = batch._queue = _LossQueue(queue, on_lost)
+    # the exporting thread reads the queue's length, then pops that many: the queue is swapped while it
+    # is not exporting (it holds this lock for a whole export; one stuck on a backend leaves the SDK's own,
+    # racy count of full-queue drops in place)
+    swapped = lock.acquire(timeout=2.0)
+    if swapped:
+        try:
+            counted = _LossQueue(queue.maxlen, on_lost)
+            batch._queue = counted
+            while True:  # what was queued keeps its order, oldest at the right
+                try:
+                    counted.appendleft(queue.pop())
+                except IndexError:
+                    break
+        finally:
+            lock.release()
+    batch._metrics = _LossMetrics(metrics, on_lost, queue_full=not swapped)
     shutdown = batch.shutdown
 
     def shutdown_counting(*args: Any, **kwargs: Any) -> None:
         # the SDK stops exporting once its shutdown timeout passed and clears nothing: what is still
         # queued then is never sent
         shutdown(*args, **kwargs)
-        left = counted.take_all()
+        left = _drain(batch._queue)
         if left:
             on_lost(left, "shutdown")
 
