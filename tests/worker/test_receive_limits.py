@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -210,5 +211,69 @@ def test_a_client_trickling_its_headers_is_cut_off_at_the_request_deadline() -> 
                 time.sleep(0.05)
             assert closed, "the server kept a trickling request open"
         assert _eventually(lambda: w.rejected_counts() == {"timeout": 1}), w.rejected_counts()
+    finally:
+        w.shutdown(5.0)
+
+
+def _pki(d: Path) -> dict[str, str]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with the openssl CLI."""
+    import subprocess
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d, timeout=60)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=test-ca")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
+    return {k: str(d / v) for k, v in {"ca": "ca.pem", "cert": "server.pem", "key": "server.key",
+                                        "client_cert": "client.pem", "client_key": "client.key"}.items()}
+
+
+def test_with_a_client_ca_only_clients_holding_a_certificate_it_signed_are_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    import grpc
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command makes the test certificates")
+    # requests lets these replace the CA file a session was given (the SDK's exporter sets it that way)
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    pki = _pki(tmp_path)
+    w = _worker(tls_cert_file=pki["cert"], tls_key_file=pki["key"], tls_client_ca_file=pki["ca"])
+    spans = app_trace(answer=False)
+    url = f"https://127.0.0.1:{w.http_port}/v1/traces"
+    try:
+        # the SDK's exporters with the standard certificate settings (OTEL_EXPORTER_OTLP_CERTIFICATE, ...)
+        mutual = HttpExporter(endpoint=url, certificate_file=pki["ca"], client_certificate_file=pki["client_cert"],
+                              client_key_file=pki["client_key"], timeout=5)
+        anonymous = HttpExporter(endpoint=url, certificate_file=pki["ca"], timeout=2)
+        assert mutual.export(spans) is SpanExportResult.SUCCESS
+        assert anonymous.export(spans) is SpanExportResult.FAILURE
+        plain = HttpExporter(endpoint=url.replace("https", "http"), timeout=2)
+        assert plain.export(spans) is SpanExportResult.FAILURE
+        read = Path
+        creds = grpc.ssl_channel_credentials(read(pki["ca"]).read_bytes(), read(pki["client_key"]).read_bytes(),
+                                             read(pki["client_cert"]).read_bytes())
+        grpc_mutual = GrpcExporter(endpoint=f"127.0.0.1:{w.grpc_port}", credentials=creds, timeout=5)
+        grpc_anonymous = GrpcExporter(endpoint=f"127.0.0.1:{w.grpc_port}", timeout=2,
+                                      credentials=grpc.ssl_channel_credentials(read(pki["ca"]).read_bytes()))
+        try:
+            assert grpc_mutual.export(spans) is SpanExportResult.SUCCESS
+            assert grpc_anonymous.export(spans) is SpanExportResult.FAILURE
+        finally:
+            grpc_mutual.shutdown()
+            grpc_anonymous.shutdown()
+        assert _eventually(lambda: w.rejected_counts().get("tls", 0) >= 2), w.rejected_counts()
     finally:
         w.shutdown(5.0)

@@ -51,6 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds an HTTP connection may take for each read (headers, body, idle)")
     p.add_argument("--request-timeout", type=float, default=30.0,
                    help="seconds a whole HTTP request (line, headers, body) may take to arrive")
+    p.add_argument("--tls-cert-file", default=None, help="PEM certificate: the receivers speak TLS")
+    p.add_argument("--tls-key-file", default=None, help="PEM private key of --tls-cert-file")
+    p.add_argument("--tls-client-ca-file", default=None,
+                   help="PEM CA: only clients with a certificate it signed are served (mutual TLS)")
     p.add_argument("--bearer-token-file", default=None,
                    help=f"exports must carry 'Authorization: Bearer <the file's token>' (or set {TOKEN_ENV})")
 
@@ -73,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
             shutdown_timeout_s=args.shutdown_timeout, max_connections=args.max_connections,
             max_request_bytes=args.max_request_bytes, read_timeout_s=args.read_timeout,
             request_timeout_s=args.request_timeout,
-            bearer_token=_token(args), hold_traces=args.hold_traces,
+            bearer_token=_token(args), hold_traces=args.hold_traces, tls_cert_file=args.tls_cert_file,
+            tls_key_file=args.tls_key_file, tls_client_ca_file=args.tls_client_ca_file,
         )
         worker = Worker(settings, options, metric_readers=otlp_metric_readers())
     except (ConfigError, ValueError, OSError) as exc:

@@ -13,7 +13,9 @@ client trickling bytes) is cut off; a body over ``max_request_bytes`` is refused
 read when its ``Content-Length`` says so, and while it is inflated when compressed (the cap is on the
 inflated size).
 With a bearer token configured, an export without ``Authorization: Bearer <token>`` gets 401 (gRPC:
-``UNAUTHENTICATED``). A client that leaves mid-request is counted, not logged with a traceback.
+``UNAUTHENTICATED``); with a certificate, both receivers speak TLS, and with a client CA only clients
+holding a certificate it signed get through (mutual TLS). A client that leaves mid-request is counted,
+not logged with a traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import hmac
 import logging
 import socket
+import ssl
 import threading
 import time
 import zlib
@@ -57,12 +60,47 @@ class Limits:
     read_timeout_s: float = 10.0
     request_timeout_s: float = 30.0
     bearer_token: str | None = None
+    #: TLS: the receivers' certificate and key (PEM); with a client CA, clients must present a certificate
+    #: it signed (mutual TLS). The senders use the standard OTEL_EXPORTER_OTLP_CERTIFICATE /
+    #: _CLIENT_CERTIFICATE / _CLIENT_KEY settings.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_connections < 1 or self.max_request_bytes < 1:
             raise ValueError("max_connections and max_request_bytes must be >= 1")
         if not (self.read_timeout_s > 0 and self.request_timeout_s > 0):  # nan fails too
             raise ValueError("read_timeout_s and request_timeout_s must be > 0")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file) or (self.tls_client_ca_file
+                                                                    and not self.tls_cert_file):
+            raise ValueError("TLS needs both a certificate and a key (and them for a client CA too)")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The HTTP receiver's TLS context (None: plain text)."""
+        if not self.tls_cert_file or not self.tls_key_file:
+            return None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        if self.tls_client_ca_file:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(self.tls_client_ca_file)
+        return ctx
+
+    def grpc_credentials(self) -> Any:
+        """The gRPC receiver's server credentials (None: plain text)."""
+        if not self.tls_cert_file or not self.tls_key_file:
+            return None
+        import grpc
+
+        with open(self.tls_key_file, "rb") as k, open(self.tls_cert_file, "rb") as c:
+            pair = (k.read(), c.read())
+        ca = None
+        if self.tls_client_ca_file:
+            with open(self.tls_client_ca_file, "rb") as f:
+                ca = f.read()
+        return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
 
     def authorized(self, header: str | None) -> bool:
         """Whether an ``Authorization`` header value carries the token (always, without a token)."""
@@ -170,6 +208,7 @@ class _Server(ThreadingHTTPServer):
         self.limits = limits
         self.slots = threading.BoundedSemaphore(limits.max_connections)
         self.deadlines = _Deadlines(worker, min(0.5, limits.request_timeout_s / 4))
+        self.tls = limits.ssl_context()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self.slots.acquire(blocking=False):
@@ -205,7 +244,12 @@ class _Server(ThreadingHTTPServer):
 
         exc = sys.exc_info()[1]
         if not self.deadlines.was_reaped(request):  # counted as a timeout already
-            self.worker.count_rejected("timeout" if isinstance(exc, TimeoutError) else "aborted")
+            reason = "aborted"
+            if isinstance(exc, ssl.SSLError):
+                reason = "tls"  # no client certificate, one the CA did not sign, or not TLS at all
+            elif isinstance(exc, TimeoutError):
+                reason = "timeout"
+            self.worker.count_rejected(reason)
         _log.debug("streamjudge worker: request from %s ended early (%s)", client_address, exc)
 
 
@@ -214,20 +258,26 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: the collector's exporter reuses its connection
 
     def setup(self) -> None:
-        super().setup()
-        self.connection.settimeout(self.server.limits.read_timeout_s)  # every read, idle waits too
+        limits = self.server.limits
+        self.raw = self.request  # the TCP socket: deadlines are kept by it
         self.served = 0
+        self.raw.settimeout(limits.read_timeout_s)  # every read, idle waits too
+        if self.server.tls is not None:
+            # the handshake in this connection's thread, never in the accepting one, within the deadline
+            self.server.deadlines.arm(self.raw, limits.request_timeout_s)
+            self.request = self.server.tls.wrap_socket(self.raw, server_side=True)
+        super().setup()
 
     def handle_one_request(self) -> None:
         # the whole request (line, headers, body) must arrive within request_timeout_s; handling it and
         # replying are not bounded by it
-        self.server.deadlines.arm(self.connection, self.server.limits.request_timeout_s)
+        self.server.deadlines.arm(self.raw, self.server.limits.request_timeout_s)
         super().handle_one_request()
         self.served += 1
 
     def _late(self) -> bool:
         # cut off at its deadline (counted then): what was read is partial, nothing can be answered
-        if self.server.deadlines.was_reaped(self.connection):
+        if self.server.deadlines.was_reaped(self.raw):
             self.close_connection = True
             return True
         return False
@@ -242,7 +292,7 @@ class _Handler(BaseHTTPRequestHandler):
         return None
 
     def do_GET(self) -> None:
-        self.server.deadlines.disarm(self.connection)
+        self.server.deadlines.disarm(self.raw)
         if self._late():
             return
         worker = self.server.worker
@@ -275,7 +325,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(413, "too_large", b"request too large\n")
             return
         body = self.rfile.read(length)
-        self.server.deadlines.disarm(self.connection)
+        self.server.deadlines.disarm(self.raw)
         if self._late():
             return
         if len(body) < length:  # the client closed before sending its whole body
@@ -374,7 +424,10 @@ class GrpcReceiver:
             Servicer(), self._server
         )
         host, port = split_endpoint(endpoint)
-        bound = self._server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        credentials = lim.grpc_credentials()
+        bound = (self._server.add_insecure_port(address) if credentials is None
+                 else self._server.add_secure_port(address, credentials))
         if not bound:
             raise OSError(f"cannot listen for OTLP/gRPC on {endpoint}")
         self.port = int(bound)

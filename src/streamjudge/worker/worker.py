@@ -73,6 +73,9 @@ class WorkerOptions:
     read_timeout_s: float = 10.0  # HTTP: each read of a connection (headers, body, keep-alive idle)
     request_timeout_s: float = 30.0  # HTTP: a whole request (line, headers, body) to arrive
     bearer_token: str | None = None  # exports must carry ``Authorization: Bearer <token>``; None = open
+    tls_cert_file: str | None = None  # PEM certificate and key: the receivers speak TLS
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None  # clients must present a certificate this CA signed (mTLS)
     #: hold a trace's other spans until its answer is judged (a tail sampler downstream sees whole
     #: traces), instead of forwarding them before the export is acknowledged. Held spans are lost if the
     #: worker is killed (SIGKILL, out of memory) before they leave.
@@ -87,7 +90,8 @@ class WorkerOptions:
         """The receivers' limits."""
         return Limits(max_connections=self.max_connections, max_request_bytes=self.max_request_bytes,
                       read_timeout_s=self.read_timeout_s, request_timeout_s=self.request_timeout_s,
-                      bearer_token=self.bearer_token or None)
+                      bearer_token=self.bearer_token or None, tls_cert_file=self.tls_cert_file,
+                      tls_key_file=self.tls_key_file, tls_client_ca_file=self.tls_client_ca_file)
 
 
 def is_deferred_answer(span: ReadableSpan) -> bool:
