@@ -180,5 +180,5 @@ METRIC_EXPORT_FAILURES: Final = "streamjudge.export.failures"  # spans an export
 METRIC_ATTR_EXPORTER: Final = "exporter"
 
 # --- `streamjudge worker` receivers: requests refused or cut short, by reason ----------------------
-# (too_large, bad_request, unauthorized, busy, aborted, timeout)
+# (too_large, bad_request, unauthorized, busy, aborted, timeout, tls)
 METRIC_WORKER_REQUESTS_REJECTED: Final = "streamjudge.worker.requests.rejected"

@@ -242,7 +242,7 @@ class Worker:
         self._m_rejected = meter.create_counter(
             semconv.METRIC_WORKER_REQUESTS_REJECTED,
             description="OTLP requests refused or cut short (too_large, bad_request, unauthorized, busy, "
-                        "aborted, timeout)",
+                        "aborted, timeout, tls)",
         )
         self._rejected: dict[str, int] = {}
         for name, get in (
