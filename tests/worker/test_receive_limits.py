@@ -277,3 +277,20 @@ def test_with_a_client_ca_only_clients_holding_a_certificate_it_signed_are_serve
         assert _eventually(lambda: w.rejected_counts().get("tls", 0) >= 2), w.rejected_counts()
     finally:
         w.shutdown(5.0)
+
+
+@pytest.mark.parametrize("size", [0, 1, 70_000, 3_000_000])
+def test_inflating_in_steps_gives_the_body_back_and_stops_one_byte_over_the_cap(size: int) -> None:
+    import gzip
+    import os
+
+    from streamjudge.worker._receive import TooLarge, inflate
+
+    raw = os.urandom(size // 2) + bytes(size - size // 2)
+    assert inflate(gzip.compress(raw), "gzip", size) == raw  # exactly at the cap
+    assert inflate(zlib.compress(raw), "deflate", size) == raw
+    if size:
+        with pytest.raises(TooLarge):
+            inflate(gzip.compress(raw), "gzip", size - 1)
+    with pytest.raises(ValueError, match="truncated"):
+        inflate(gzip.compress(raw)[:-9], "gzip", size + 1)

@@ -134,13 +134,15 @@ def inflate(body: bytes, encoding: str, limit: int) -> bytes:
     out: list[bytes] = []
     size = 0
     data = body
-    while data and not d.eof:
-        piece = d.decompress(data, min(_CHUNK, limit + 1 - size))
+    while not d.eof:
+        piece = d.decompress(data, min(_CHUNK, limit + 1 - size))  # never 0: that would mean no limit
         size += len(piece)
         if size > limit:
             raise TooLarge(f"inflated body over {limit} bytes")
         out.append(piece)
         data = d.unconsumed_tail
+        if not piece and not data:  # all input taken and nothing more comes out
+            break
     if not d.eof:
         raise ValueError("truncated compressed body")
     return b"".join(out)
