@@ -287,3 +287,24 @@ def test_shutdown_keeps_its_deadline_when_the_export_path_hangs() -> None:
         assert summary["flushed_spans"] == 3
     finally:
         stuck.release.set()
+
+
+class _Refusing(InMemorySpanExporter):
+    """An onward backend that refuses every export."""
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        return SpanExportResult.FAILURE
+
+
+def test_spans_the_worker_cannot_deliver_onward_are_counted_on_its_metrics() -> None:
+    worker = Worker(Settings(), WorkerOptions(http_endpoint=None, grpc_endpoint=None), exporter=_Refusing(),
+                    judge=KeywordJudge())
+    try:
+        trace = app_trace(answer=False)
+        worker.ingest(request(trace))  # handed on (and refused) before it returns
+        text = worker.prometheus.render()
+        assert f'streamjudge_export_failures_total{{exporter="_Refusing",reason="failure"}} {len(trace)}' in text, text
+    finally:
+        worker.shutdown(2.0)
