@@ -190,15 +190,6 @@ def count_export_failures(root: object) -> int:
     return wrapped
 
 
-def count_batch_losses(processor: BatchSpanProcessor) -> CountingSpanExporter | None:
-    """Count everything ``processor`` loses (its exporter's failures and its own drops) in
-    ``streamjudge.export.failures``; returns the counting exporter, or None for a processor without an
-    exporter where the SDK keeps one."""
-    count_export_failures(processor)
-    exporter = _sdk.processor_exporter(processor)
-    return exporter if isinstance(exporter, CountingSpanExporter) else None
-
-
 def _counter_of(exporter: SpanExporter) -> CountingSpanExporter | None:
     # the Langfuse mapping exporter wraps a counting one
     if isinstance(exporter, CountingSpanExporter):
