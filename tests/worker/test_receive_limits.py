@@ -151,6 +151,7 @@ def test_with_a_token_an_export_must_carry_it() -> None:
     from opentelemetry.sdk.trace.export import SpanExportResult
 
     w = _worker(bearer_token="s3cret-token")
+    assert "s3cret-token" not in repr(w.options) + repr(w.options.limits())  # options get logged
     try:
         body = request(app_trace(answer=False)).SerializeToString()
         port = w.http_port or 0

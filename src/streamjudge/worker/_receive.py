@@ -29,7 +29,7 @@ import threading
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +59,7 @@ class Limits:
     max_request_bytes: int = MAX_BODY_BYTES
     read_timeout_s: float = 10.0
     request_timeout_s: float = 30.0
-    bearer_token: str | None = None
+    bearer_token: str | None = field(default=None, repr=False)
     #: TLS: the receivers' certificate and key (PEM); with a client CA, clients must present a certificate
     #: it signed (mutual TLS). The senders use the standard OTEL_EXPORTER_OTLP_CERTIFICATE /
     #: _CLIENT_CERTIFICATE / _CLIENT_KEY settings.

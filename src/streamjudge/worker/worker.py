@@ -24,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry import metrics
 from opentelemetry.context import Context
@@ -72,7 +72,8 @@ class WorkerOptions:
     max_request_bytes: int = 32 * 1024 * 1024  # one export request, compressed and once inflated
     read_timeout_s: float = 10.0  # HTTP: each read of a connection (headers, body, keep-alive idle)
     request_timeout_s: float = 30.0  # HTTP: a whole request (line, headers, body) to arrive
-    bearer_token: str | None = None  # exports must carry ``Authorization: Bearer <token>``; None = open
+    # exports must carry ``Authorization: Bearer <token>``; None = open. Kept out of the repr (logs).
+    bearer_token: str | None = field(default=None, repr=False)
     tls_cert_file: str | None = None  # PEM certificate and key: the receivers speak TLS
     tls_key_file: str | None = None
     tls_client_ca_file: str | None = None  # clients must present a certificate this CA signed (mTLS)
