@@ -207,3 +207,25 @@ def test_spans_still_queued_when_shutdown_gives_up_and_spans_ended_after_it_are_
     assert sum(counted.failed.values()) == 21, counted.failed
     assert counted.failed["failure"] == gate.received and counted.failed["already_shutdown"] == 1
     assert counted.failed["shutdown"] == 20 - gate.received
+
+
+def test_spans_dropped_by_the_batch_processor_that_configure_builds_for_an_exporter_are_counted() -> None:
+    """``configure(exporter=...)`` wraps the exporter in a batch processor of its own: its queue's drops
+    during an outage count like those of the processors the SDK builds from ``OTEL_*`` variables."""
+    from streamjudge import runtime
+
+    gate = _Gate(accept=True)
+    provider = TracerProvider()
+    rt = runtime.configure(tracer_provider=provider, exporter=gate, backends_from_env=False, set_global=False)
+    try:
+        counted = _sdk.processor_exporter(rt.processor.downstream)
+        assert isinstance(counted, CountingSpanExporter)
+        _end_spans(provider, 2048 + 512 + 200)  # more than the default queue and one batch can keep
+        gate.open.set()
+        provider.force_flush(30_000)
+        lost = counted.failed.get("queue_full", 0)
+        assert lost > 0
+        assert gate.delivered + lost == 2048 + 512 + 200, (gate.delivered, counted.failed)
+    finally:
+        gate.open.set()
+        rt.shutdown()
