@@ -179,6 +179,10 @@ METRIC_ATTR_STATUS: Final = "status"
 METRIC_EXPORT_FAILURES: Final = "streamjudge.export.failures"  # spans an exporter failed to deliver
 METRIC_ATTR_EXPORTER: Final = "exporter"
 
+# --- `streamjudge worker` receivers: requests refused or cut short, by reason ----------------------
+# (too_large, bad_request, unauthorized, busy, aborted, timeout, tls)
+METRIC_WORKER_REQUESTS_REJECTED: Final = "streamjudge.worker.requests.rejected"
+
 # --- three-way sentence verdicts (SentenceScore.verdict / .tier / .kind) ----------------------------
 # Per judged sentence of a metric, on a ``gen_ai.evaluation.result`` event, parallel string arrays in the
 # order of the metric's sentences: the verdict (``supported`` / ``uncertain`` / ``fail``), the judge tier
