@@ -192,5 +192,7 @@ METRIC_WORKER_REQUESTS_REJECTED: Final = "streamjudge.worker.requests.rejected"
 EVAL_SENTENCE_VERDICTS: Final = "streamjudge.eval.sentence_verdicts"
 EVAL_SENTENCE_TIERS: Final = "streamjudge.eval.sentence_tiers"
 EVAL_SENTENCE_KINDS: Final = "streamjudge.eval.sentence_kinds"
+#: every judged sentence's char range in the stream's text, flattened, in the order of the arrays above
+EVAL_SENTENCE_BOUNDS: Final = "streamjudge.eval.sentence_bounds"
 #: the strictness the judge ran at (``lenient`` / ``default`` / ``strict``)
 EVAL_STRICTNESS: Final = "streamjudge.eval.strictness"
