@@ -107,6 +107,9 @@ def _env(llm: ScriptedLLMServer, receiver: OTLPReceiver, port: int, settings: di
         "OTEL_LOGS_EXPORTER": "none",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
         "STREAMJUDGE_JUDGE": "local",
+        # a verdict later than the end wait releases held text unjudged: on a loaded machine that must not
+        # decide a cell (the wait ends as soon as the verdicts are in)
+        "STREAMJUDGE_END_WAIT": "10",
         "PYTHONWARNINGS": "ignore",
     })
     env.update({f"STREAMJUDGE_{k.upper()}": v for k, v in settings.items()})

@@ -15,6 +15,8 @@ first sentence and the invented second, and the verdict names the second only. W
   in the app's format, so its answer just ends there (the fallback goes out only as a client event).
   regenerate: hold_back: ``GROUNDED + CONTINUATION``, the invented sentence never sent; stream_first: the
   answer as far as it went, then the continuation (with events off no retraction can reach the client).
+- hold_back, stop and regenerate: no token frame ever carries the invented sentence (a warning frame may
+  quote it: it says what was withheld and why).
 - Client events on: a warning names the invented sentence by its char range and only it; stop sends a
   ``stop`` event carrying the fallback; regenerate in stream_first sends a ``retract`` back to the end of
   the grounded sentence, so the text the client shows is ``GROUNDED + CONTINUATION`` in either mode.
