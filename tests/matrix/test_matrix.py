@@ -22,8 +22,11 @@ first sentence and the invented second, and the verdict names the second only. W
   the grounded sentence, so the text the client shows is ``GROUNDED + CONTINUATION`` in either mode.
 - The stream span: ``streamjudge.answer`` is the text the client shows (its token frames less what a
   retract withdrew); action and mode are the cell's; one alert; verdict, outcome and regenerations say
-  what happened. A span saying ``streamjudge.action.enforced=false`` fails the cell with its reason: an
-  action a shape cannot enforce is a known failure listed in :data:`FAILING_TODAY`, never a pass.
+  what happened. A span saying ``streamjudge.action.enforced=false`` fails the cell with its reason,
+  unless :data:`NOT_ENFORCEABLE` lists the cell (what the stream core declares a shape cannot do, and what
+  it runs instead): there the span must say ``enforced=false`` with a reason, and the client and the span
+  must show what the stand-in promises (a body-fed stream runs hold-back as stream-first, and flags where
+  it was asked to regenerate).
 
 :data:`FAILING_TODAY` is the one table of cells that fail on today's code (strict xfail: a cell that
 starts passing fails until its entry is removed).
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+from dataclasses import dataclass
 
 import pytest
 
@@ -91,24 +95,59 @@ FAILING_TODAY: dict[tuple[str, str, str, str], str] = {
     ("sync_graph", "stop", "*", "on"): "app's terminal frame dropped; invented sentence delivered",
     ("sync_graph", "regenerate", "*", "*"): "no regeneration (verdict flagged) and no enforced=false",
     # (e) body-fed streams (instrument_app + token_extractor)
+    ("body_*", "*", "hold_back", "*"): "a body cannot hold back, and the span does not say enforced=false",
+    ("body_*", "regenerate", "*", "*"): "a body cannot regenerate, and the span does not say enforced=false",
     ("body_sse", "stop", "stream_first", "on"): "app's terminal frame dropped",
     ("body_ndjson", "stop", "stream_first", "on"): "app's terminal frame dropped",
-    ("body_sse", "stop", "hold_back", "off"): "hold_back does not hold the body: invented sentence delivered",
-    ("body_ndjson", "stop", "hold_back", "off"): "hold_back does not hold the body: invented sentence delivered",
-    ("body_sse", "stop", "hold_back", "on"): "app's terminal frame dropped; invented sentence delivered",
-    ("body_ndjson", "stop", "hold_back", "on"): "app's terminal frame dropped; invented sentence delivered",
     ("body_ws", "stop", "stream_first", "off"): "stop not enforced on the socket, span answer says it was",
-    ("body_ws", "stop", "hold_back", "off"): "invented sentence delivered; span answer says the answer was cut",
-    ("body_ws", "stop", "hold_back", "on"): "hold_back does not hold the socket: invented sentence delivered",
-    ("body_*", "regenerate", "*", "*"): "no regeneration (verdict flagged) and no enforced=false",
 }
 
 
+#: what a shape cannot enforce, as the stream core declares it (docs/stream-core.md): (shape, action, mode)
+#: -> what the stream runs instead. Such a cell passes only when the span says
+#: ``streamjudge.action.enforced=false`` with a reason and the client gets what the stand-in promises.
+NOT_ENFORCEABLE: dict[tuple[str, str, str], dict[str, str]] = {
+    # a body-fed stream's frames leave before their verdicts: it cannot hold back, it runs stream-first
+    ("body_*", "*", "hold_back"): {"mode": "stream_first"},
+    # and it sees no model to re-prompt: it flags instead
+    ("body_*", "regenerate", "*"): {"action": "flag"},
+}
+
+
+def _match(patterns: tuple[str, ...], values: tuple[str, ...]) -> bool:
+    return all(fnmatch.fnmatchcase(v, p) for p, v in zip(patterns, values, strict=True))
+
+
 def _failing(shape: str, action: str, mode: str, events: str) -> str | None:
-    for (s, a, m, e), reason in FAILING_TODAY.items():
-        if all(fnmatch.fnmatchcase(v, p) for p, v in ((s, shape), (a, action), (m, mode), (e, events))):
+    for key, reason in FAILING_TODAY.items():
+        if _match(key, (shape, action, mode, events)):
             return reason
     return None
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell: what was asked (``action``, ``mode``) and what the shape can do of it (``does``,
+    ``runs``: the same unless :data:`NOT_ENFORCEABLE` says otherwise)."""
+
+    shape: str
+    action: str
+    mode: str
+    events: str
+    does: str
+    runs: str
+
+    @classmethod
+    def of(cls, shape: str, action: str, mode: str, events: str) -> Cell:
+        does, runs = action, mode
+        for key, instead in NOT_ENFORCEABLE.items():
+            if _match(key, (shape, action, mode)):
+                does, runs = instead.get("action", does), instead.get("mode", runs)
+        return cls(shape, action, mode, events, does, runs)
+
+    @property
+    def enforced(self) -> bool:
+        return (self.does, self.runs) == (self.action, self.mode)
 
 
 def _cells() -> list[object]:
@@ -160,15 +199,15 @@ class Problems:
             raise AssertionError("\n  - ".join(["the cell falls short:", *self.found]))
 
 
-def _expected_text(wire: Wire, action: str, mode: str, events: str, got: str) -> str | None:
+def _expected_text(wire: Wire, cell: Cell, got: str) -> str | None:
     """The text the client must show, or None when ``got`` is not of the allowed form. Stream-first's prefix
     (as far as the answer went before the guard acted) is read from ``got``: it must hold the invented
     sentence (shown before its verdict) and be the answer's."""
     fallback = " " + DEFAULT_FALLBACK if wire.fallback_in_answer else ""
-    if action == "flag":
+    if cell.does == "flag":
         return ANSWER
-    tail = fallback if action == "stop" else CONTINUATION
-    if mode == "hold_back" or (action == "regenerate" and events == "on"):
+    tail = fallback if cell.does == "stop" else CONTINUATION
+    if cell.runs == "hold_back" or (cell.does == "regenerate" and cell.events == "on"):
         return GROUNDED + tail
     shown = got[: len(got) - len(tail)] if got.endswith(tail) else got
     if not (ANSWER.startswith(shown) and shown.startswith(f"{GROUNDED} {FABRICATED}")):
@@ -176,21 +215,23 @@ def _expected_text(wire: Wire, action: str, mode: str, events: str, got: str) ->
     return shown + tail
 
 
-def _check_client(p: Problems, wire: Wire, got: Received, action: str, mode: str, events: str) -> None:
+def _check_client(p: Problems, wire: Wire, got: Received, cell: Cell) -> None:
     kinds = [f.kind for f in got.frames]
     p.check(kinds.count("terminal") == 1 and kinds[-1:] == ["terminal"], "the app's terminal frame did not "
             "arrive once, last", kinds[-3:])
     shown = got.shown()
-    expected = _expected_text(wire, action, mode, events, shown)
+    expected = _expected_text(wire, cell, shown)
     p.check(shown == expected, "client text", f"{shown} (expected {expected or 'another form'})")
-    if mode == "hold_back" and action != "flag":
-        # in any of the app's frames (a warning frame may quote it: it says what was withheld and why)
-        p.check(INVENTED_NAME not in "".join(got.tokens), "the invented sentence reached the client in hold_back")
-    if events == "off":
+    if cell.runs == "hold_back" and cell.does != "flag":
+        p.check(INVENTED_NAME not in "".join(got.tokens), "the invented sentence reached the client's text "
+                "in hold_back")
+        p.check(FABRICATED.encode() not in got.raw, "a frame quoted the invented sentence in hold_back",
+                [g for g in got.guard if FABRICATED in json.dumps(g)])
+    if cell.events == "off":
         p.check(got.guard == [], "guard frames sent with client events off", got.guard)
         if got.guard == []:
             p.check(wire.render(got.frames) == got.raw, "the bytes are not exactly the app's frames")
-        if action == "flag":
+        if cell.does == "flag":
             p.check(got.tokens == [w if i == 0 else " " + w for i, w in enumerate(ANSWER.split(" "))],
                     "flag changed the app's token frames", got.tokens)
         return
@@ -202,32 +243,39 @@ def _check_client(p: Problems, wire: Wire, got: Received, action: str, mode: str
         p.check(ANSWER[w.get("char_start", 0): w.get("char_end", 0)] == FABRICATED
                 and [ANSWER[s["start"]: s["end"]] for s in w.get("sentences", [])] == [FABRICATED],
                 "the warning does not name the invented sentence (only)", w)
-    p.check(("stop" in types) is (action == "stop"), "stop frame", types)
-    if action == "stop" and "stop" in types:
+    p.check(("stop" in types) is (cell.does == "stop"), "stop frame", types)
+    if cell.does == "stop" and "stop" in types:
         p.check(next(g for g in got.guard if g["type"] == "stop").get("text") == DEFAULT_FALLBACK,
                 "the stop frame does not carry the fallback")
     # only a sentence the client saw is retracted: stream-first regenerate
-    p.check(("retract" in types) is (action == "regenerate" and mode == "stream_first"), "retract frame",
-            types)
+    p.check(("retract" in types) is (cell.does == "regenerate" and cell.runs == "stream_first"),
+            "retract frame", types)
 
 
-def _check_span(p: Problems, span: SpanRecord | None, got: Received, action: str, mode: str) -> None:
+def _check_span(p: Problems, span: SpanRecord | None, got: Received, cell: Cell) -> None:
     if not p.check(span is not None, "no stream span: the answer was not judged") or span is None:
         return
     a = span.attributes
-    if a.get(ENFORCED) is False:
-        p.check(False, f"{action} not enforced", a.get(ENFORCED_REASON))
-    if not p.check((a.get(semconv.STREAM_ACTION), a.get(semconv.STREAM_MODE)) == (action, mode),
-                   "the cell switch did not take", (a.get(semconv.STREAM_ACTION), a.get(semconv.STREAM_MODE))):
+    if cell.enforced:
+        if a.get(ENFORCED) is False:
+            p.check(False, f"{cell.action}/{cell.mode} not enforced", a.get(ENFORCED_REASON))
+    else:
+        p.check(a.get(ENFORCED) is False and bool(a.get(ENFORCED_REASON)),
+                f"{cell.action}/{cell.mode} cannot be enforced here, and the span must say so",
+                (a.get(ENFORCED), a.get(ENFORCED_REASON)))
+    # the span may name what was asked or what ran instead; anything else: the cell switch did not take
+    said = (a.get(semconv.STREAM_ACTION), a.get(semconv.STREAM_MODE))
+    if not p.check(said[0] in (cell.action, cell.does) and said[1] in (cell.mode, cell.runs),
+                   "the cell switch did not take", said):
         return
     p.check(a.get(semconv.STREAM_ANSWER) == got.shown(), "span answer is not the client's text",
             a.get(semconv.STREAM_ANSWER))
     p.check(a.get(semconv.STREAM_ALERTS) == 1, "span alerts", a.get(semconv.STREAM_ALERTS))
-    verdict = {"flag": "flagged", "stop": "stopped", "regenerate": "regenerated"}[action]
+    verdict = {"flag": "flagged", "stop": "stopped", "regenerate": "regenerated"}[cell.does]
     p.check(a.get(semconv.STREAM_VERDICT) == verdict, "span verdict", a.get(semconv.STREAM_VERDICT))
-    outcome = "stopped" if action == "stop" else "completed"
+    outcome = "stopped" if cell.does == "stop" else "completed"
     p.check(a.get(semconv.STREAM_OUTCOME) == outcome, "span outcome", a.get(semconv.STREAM_OUTCOME))
-    regenerations = 1 if action == "regenerate" else 0
+    regenerations = 1 if cell.does == "regenerate" else 0
     p.check(a.get(semconv.STREAM_REGENERATIONS) == regenerations, "span regenerations",
             a.get(semconv.STREAM_REGENERATIONS))
 
@@ -245,12 +293,13 @@ def _check_reprompt(p: Problems, llm: ScriptedLLMServer, before: int) -> None:
 def test_cell(matrix_apps: Apps, matrix_llm: ScriptedLLMServer, matrix_receiver: OTLPReceiver,
               shape: str, action: str, mode: str, events: str) -> None:
     wire = WIRES[shape]
-    url, cell = matrix_apps.get(wire.process, action, mode, events)
+    url, switch = matrix_apps.get(wire.process, action, mode, events)
     before = len(matrix_llm.model_requests())
-    got = wire.request(url, cell)
+    got = wire.request(url, switch)
+    cell = Cell.of(shape, action, mode, events)
     p = Problems()
-    _check_client(p, wire, got, action, mode, events)
-    _check_span(p, _stream_span(matrix_receiver, got), got, action, mode)
-    if action == "regenerate":
+    _check_client(p, wire, got, cell)
+    _check_span(p, _stream_span(matrix_receiver, got), got, cell)
+    if cell.does == "regenerate":
         _check_reprompt(p, matrix_llm, before)
     p.raise_any()
