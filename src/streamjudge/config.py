@@ -49,6 +49,11 @@ DEFAULT_ROUTES_EXCLUDE: tuple[str, ...] = (
     "/docs", "/docs/*", "/redoc", "/openapi.json", "/favicon.ico",
 )
 
+#: input keys that hold the user's question, in order of preference
+DEFAULT_QUESTION_KEYS: tuple[str, ...] = (
+    "question", "query", "input", "user_question", "standalone_question",
+)
+
 
 #: judges built in (``package.module:ClassName`` names any other)
 JUDGE_NAMES: tuple[str, ...] = ("local", "model", "llm", "ragas", "deepeval")
@@ -191,6 +196,9 @@ class Settings:
     max_text_attribute_chars: int = 16_384
     # LangGraph / streaming instrumentation
     answer_nodes: tuple[str, ...] = ("generate",)
+    # where the user's question is in a chain's or graph's input (first non-empty key wins; without
+    # one, the last human message of ``messages`` / ``chat_history``)
+    question_keys: tuple[str, ...] = DEFAULT_QUESTION_KEYS
     # openinference's LangChain tracer called in the caller's task (LangChain otherwise hands each of its
     # callbacks to the loop's thread pool); off: LangChain's own dispatch
     openinference_inline: bool = True
@@ -420,6 +428,7 @@ _ENV_FIELDS: dict[str, tuple[str, Any]] = {
     "capture_content": ("CAPTURE_CONTENT", _bool),
     "max_text_attribute_chars": ("MAX_TEXT_CHARS", _int),
     "answer_nodes": ("ANSWER_NODES", "csv"),
+    "question_keys": ("QUESTION_KEYS", "csv"),
     "sse_token_field": ("SSE_TOKEN_FIELD", None),
     "terminal_frames": ("TERMINAL_FRAMES", _terminal_frames),
     "model_path": ("MODEL_PATH", None),
