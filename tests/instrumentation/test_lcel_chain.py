@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from operator import itemgetter
 from collections.abc import AsyncIterator
+from operator import itemgetter
 from typing import Any
 
 import pytest
