@@ -147,23 +147,53 @@ def test_a_chain_run_outside_any_request_is_judged_too(instrumented, harness) ->
     assert inputs is not None and inputs.question == "How tall is it?"  # found under ``query``
 
 
-@pytest.mark.parametrize("mode", ["ainvoke", "astream"])
-def test_question_from_the_last_human_message(instrumented, harness, mode: str) -> None:  # type: ignore[no-untyped-def]
+def test_question_from_the_last_human_message(instrumented, harness) -> None:  # type: ignore[no-untyped-def]
     chain = ChatPromptTemplate.from_messages([MessagesPlaceholder("messages")]) | ScriptedChat() \
         | StrOutputParser()
     value = {"messages": [("user", "Where is it?"), ("assistant", "Paris."), ("user", "How tall is it?")]}
 
     async def go() -> None:
-        if mode == "ainvoke":
-            await chain.ainvoke(value)
-        else:
-            _ = [c async for c in chain.astream(value)]
+        _ = [c async for c in chain.astream(value)]
 
     asyncio.run(go())
     stream = next(s for s in harness.spans() if s.name == semconv.SPAN_STREAM)
     assert stream.attributes[semconv.STREAM_ANSWER] == ANSWER
     inputs = instrumented.contexts.get(stream.context.trace_id)
     assert inputs is not None and inputs.question == "How tall is it?"
+
+
+def test_only_a_streamed_chain_answers_and_only_once_per_request(instrumented, harness) -> None:  # type: ignore[no-untyped-def]
+    # a helper chain invoked beside the answer (a title, a rewrite) never takes the request's stream
+    helper = ChatPromptTemplate.from_template("Title for: {input}") | ScriptedChat(answer="Title.") \
+        | StrOutputParser()
+    chain = ChatPromptTemplate.from_template("{input}") | ScriptedChat() | StrOutputParser()
+    after = ChatPromptTemplate.from_template("{input}") | ScriptedChat(answer="Follow-up?") \
+        | StrOutputParser()
+
+    async def run(value: Any) -> str:
+        await helper.ainvoke(value)
+        out = "".join([c async for c in chain.astream(value)])
+        _ = [c async for c in after.astream(value)]  # streamed too, but the request has its answer
+        return out
+
+    from opentelemetry import context as otel_context
+
+    from streamjudge.instrumentation._asgi import finish_stream
+
+    async def go() -> None:
+        with instrumented.tracer.start_as_current_span("POST /chat") as req:
+            binding = _binding.StreamBinding(req.get_span_context().trace_id, owner="http",
+                                             parent=otel_context.get_current())
+            _binding.bind(binding)
+            try:
+                await run({"input": "How tall is it?"})
+            finally:
+                _binding.unbind(binding)
+                await finish_stream(binding)
+
+    asyncio.run(go())
+    streams = [s for s in harness.spans() if s.name == semconv.SPAN_STREAM]
+    assert [s.attributes[semconv.STREAM_ANSWER] for s in streams] == [ANSWER]
 
 
 def test_question_keys_setting(harness) -> None:  # type: ignore[no-untyped-def]

@@ -148,6 +148,12 @@ def reaching_steps(sequence: Any) -> tuple[bool, ...]:
     return out
 
 
+def streamed_start(inputs: Any) -> bool:
+    """True for the start callback of a streamed run: LangChain reports a placeholder input then (the
+    input is streamed in, and only known when the run ends)."""
+    return isinstance(inputs, dict) and len(inputs) == 1 and inputs.get("input") == ""
+
+
 def link_reaches(tags: Sequence[str] | None, parent_steps: tuple[bool, ...] | None) -> bool:
     """Whether a run's output reaches its parent run's output, from the run's tags (``seq:step:N`` in a
     sequence, ``condition:N`` for a branch's condition) and the parent sequence's step flags."""
@@ -268,11 +274,15 @@ def wrap_sequences(sink: SequenceSink, patched: list[tuple[Any, str]]) -> None:
 class ChainSearch:
     """Per top-level run: its answer call once found, and why the other calls were not it."""
 
-    __slots__ = ("answered", "models", "name", "nodes", "not_returned", "run_id")
+    __slots__ = ("answered", "models", "name", "nodes", "not_returned", "run_id", "streamed")
 
-    def __init__(self, run_id: UUID, name: str) -> None:
+    def __init__(self, run_id: UUID, name: str, streamed: bool) -> None:
         self.run_id = run_id
         self.name = name
+        #: the run streams its output (``astream`` / ``stream`` / ``astream_events``): only such a run's
+        #: answer is looked for, so a helper chain that a LangGraph app invokes beside its graph (a title,
+        #: a rewrite) never takes the request's stream
+        self.streamed = streamed
         self.answered = False
         self.models = 0  # chat-model calls seen
         self.not_returned = 0  # of them: output consumed by a later step
@@ -288,13 +298,13 @@ class ChainSearch:
             wanted = ", ".join(sorted(answer_nodes))
             return NO_ANSWER_NODE, (f"no node of STREAMJUDGE_ANSWER_NODES ({wanted}) ran; "
                                     f"nodes: {', '.join(sorted(self.nodes)[:12])}")
-        if not self.models:
-            return None  # no model call: not an answering chain
+        if not self.models or not self.streamed:
+            return None  # no model call, or not streamed: not a chain answering the request
         if self.not_returned == self.models:
             return NOT_RETURNED, (f"the output of its {self.models} chat-model call(s) does not reach the "
                                   "chain's output (each feeds a later prompt, model, retriever or tool)")
-        return EXCLUDED, ("its chat-model calls reaching the output are structured-output, nostream, "
-                          "inside a tool, or outside a recorded trace")
+        return EXCLUDED, ("its chat-model calls reaching the output are structured-output or nostream "
+                          "calls, or the request's stream had its answer already")
 
 
 _logged: set[tuple[str, str]] = set()

@@ -256,7 +256,7 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
             self._register(run.trace_id, question=find_question(inputs, self.question_keys),
                            session_id=str(sid) if sid is not None else None)
             if run.node is None:
-                run.search = _chains.ChainSearch(run_id, str(name or "chain"))
+                run.search = _chains.ChainSearch(run_id, str(name or "chain"), _chains.streamed_start(inputs))
             if self._tracer is not None and run.node is None and run.span is None:
                 run.span = self._tracer.start_span(
                     str(name or "LangGraph"), attributes={semconv.SPAN_TYPE: "graph"}
@@ -335,6 +335,7 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         run.steps = steps
         if run.search is None or not run.trace_id:
             return False
+        run.search.streamed = True
         known = self._contexts().get(run.trace_id)
         return known is None or not known.question
 
@@ -354,8 +355,11 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         if not run.reaches:
             search.not_returned += 1
             return False
-        if excluded or search.answered:
+        if excluded or search.answered or not search.streamed:
             return False
+        current = _binding.lookup(run.trace_id)
+        if current is not None and (current.source is not None or current.session is not None):
+            return False  # the request's stream has its answer (a graph's, the body's, an earlier chain's)
         search.answered = True
         self._open_answer(root, search.run_id)
         return True
