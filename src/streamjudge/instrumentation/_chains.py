@@ -12,7 +12,10 @@ output of the top-level run:
   bindings, fallbacks and functions pass on what their children return;
 - calls inside a tool or a retriever, structured-output calls and ``nostream`` calls are never the answer;
 - the first call of a top-level run that qualifies is its answer; later ones (a follow-up or a grader of
-  the answer) are not judged.
+  the answer) are not judged;
+- only a streamed top-level run (``astream``, ``stream``, ``astream_events``) has an answer, and only
+  while the request's stream has none yet: a helper chain invoked beside a LangGraph graph (a title, a
+  rewrite) never takes the request's stream.
 
 Callbacks do not say which steps follow a model, so the sequences tell us themselves: their
 ``invoke`` / ``ainvoke`` / ``_transform`` / ``_atransform`` are wrapped to hand the handler each step's
@@ -20,8 +23,9 @@ Callbacks do not say which steps follow a model, so the sequences tell us themse
 (``RunnableLambda``, ``@chain``) is opaque: what it returns cannot be seen, so a model called inside one
 counts as passing its output on, and a function after a model as passing it on.
 
-When a chain that called a model ends without an answer found, one INFO line per route says so and why,
-and the request span records the reason (``streamjudge.answer.not_found``).
+When a streamed chain that called a model (or a graph) ends without an answer found, one INFO line per
+route says so and why, and the request span records the reason (``streamjudge.answer.not_found``). See
+docs/app-shapes-langchain.md.
 """
 
 from __future__ import annotations
