@@ -343,3 +343,41 @@ def test_the_question_of_a_graph_under_other_keys(harness, state, keys, question
         inst.uninstrument()
     inputs = rt.contexts.get(trace_id)
     assert inputs is not None and inputs.question == question
+
+
+def test_a_graph_without_an_answer_node_says_so_once_per_route(harness, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from langgraph.graph import END, START, StateGraph
+    from opentelemetry import context as otel_context
+
+    def respond(s: _KeysState) -> _KeysState:
+        return {"answer": "It is 330 metres tall."}
+
+    g = StateGraph(_KeysState)
+    g.add_node("respond", respond)
+    g.add_edge(START, "respond")
+    g.add_edge("respond", END)
+    graph = g.compile(name="support_bot")
+    rt = harness.configure()
+    caplog.set_level(logging.INFO, logger="streamjudge.instrumentation._chains")
+    inst = StreamJudgeInstrumentor()
+    inst.instrument()
+    try:
+        for _ in range(2):
+            with rt.tracer.start_as_current_span("POST /ask") as req:
+                binding = _binding.StreamBinding(req.get_span_context().trace_id, owner="http",
+                                                 parent=otel_context.get_current())
+                _binding.bind(binding)
+                try:
+                    asyncio.run(graph.ainvoke({"question": "How tall is it?"}))
+                finally:
+                    _binding.unbind(binding)
+                    binding.finish()
+    finally:
+        inst.uninstrument()
+    requests = [s for s in harness.spans() if s.name == "POST /ask"]
+    assert [r.attributes.get(semconv.ANSWER_NOT_FOUND) for r in requests] == ["no_answer_node"] * 2
+    lines = [r.getMessage() for r in caplog.records if "no answer to judge" in r.getMessage()]
+    assert len(lines) == 1
+    assert "'support_bot' on POST /ask" in lines[0] and "generate" in lines[0] and "respond" in lines[0]
