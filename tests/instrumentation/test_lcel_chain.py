@@ -196,6 +196,31 @@ def test_only_a_streamed_chain_answers_and_only_once_per_request(instrumented, h
     assert [s.attributes[semconv.STREAM_ANSWER] for s in streams] == [ANSWER]
 
 
+def test_create_retrieval_chain_with_a_history_aware_retriever(instrumented, harness) -> None:  # type: ignore[no-untyped-def]
+    # the LangChain tutorial's shape: the condense call sits in a RunnableBranch before the retriever, the
+    # answer in a stuff-documents chain under ``assign(answer=...)``; the chain streams dicts
+    chains = pytest.importorskip("langchain_classic.chains")
+    stuff = pytest.importorskip("langchain_classic.chains.combine_documents")
+    model = ScriptedChat()
+    contextualize = ChatPromptTemplate.from_messages([
+        ("system", "Rephrase as a standalone question."), MessagesPlaceholder("chat_history"), ("human", "{input}")])
+    qa = ChatPromptTemplate.from_messages([
+        ("system", "Answer from: {context}"), MessagesPlaceholder("chat_history"), ("human", "{input}")])
+    rag = chains.create_retrieval_chain(chains.create_history_aware_retriever(model, Docs(), contextualize),
+                                        stuff.create_stuff_documents_chain(model, qa))
+
+    async def go() -> str:
+        value = {"input": "how tall is it?", "chat_history": [("human", "Where is it?"), ("ai", "Paris.")]}
+        return "".join([c["answer"] async for c in rag.astream(value) if "answer" in c])
+
+    assert asyncio.run(go()) == ANSWER
+    streams = [s for s in harness.spans() if s.name == semconv.SPAN_STREAM]
+    assert [s.attributes[semconv.STREAM_ANSWER] for s in streams] == [ANSWER]
+    assert streams[0].attributes[semconv.STREAM_CONTEXT_COUNT] == len(DOCS)
+    inputs = instrumented.contexts.get(streams[0].context.trace_id)
+    assert inputs is not None and inputs.question == "how tall is it?"
+
+
 def test_question_keys_setting(harness) -> None:  # type: ignore[no-untyped-def]
     rt = harness.configure(judge=KeywordJudge(), question_keys=("ask",))
     inst = StreamJudgeInstrumentor()
