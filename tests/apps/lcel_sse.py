@@ -57,6 +57,8 @@ _context = {
     "question": RunnableLambda(lambda x: x["standalone_question"]),
 }
 chain = _inputs | _context | ANSWER_PROMPT | llm() | StrOutputParser()
+# a search route: the model only rewrites the query for the retriever, so there is no answer to judge
+search_chain = _inputs | itemgetter("standalone_question") | KnowledgeBase()
 app = FastAPI()
 
 
@@ -76,6 +78,17 @@ async def stream(req: ChatRequest) -> StreamingResponse:
         value: dict[str, Any] = {"input": req.input, "chat_history": req.chat_history}
         async for chunk in chain.astream(value):
             yield f"event: data\ndata: {json.dumps(chunk)}\n\n"
+        yield "event: end\n\n"
+
+    return StreamingResponse(frames(), media_type="text/event-stream")
+
+
+@app.post("/search/stream")
+async def search_stream(req: ChatRequest) -> StreamingResponse:
+    async def frames() -> AsyncIterator[str]:
+        value: dict[str, Any] = {"input": req.input, "chat_history": req.chat_history}
+        async for docs in search_chain.astream(value):
+            yield f"event: data\ndata: {json.dumps([d.page_content for d in docs])}\n\n"
         yield "event: end\n\n"
 
     return StreamingResponse(frames(), media_type="text/event-stream")

@@ -87,10 +87,15 @@ def test_the_answer_call_is_judged_with_the_chains_question_and_documents(
     with serve("lcel_sse.py", chain_server, receiver) as app:
         text, others = client(app.url)
         spans = receiver.wait_for(stream_exported)
+        found = httpx.post(f"{app.url}/search/stream", json={"input": FOLLOW_UP, "chat_history": HISTORY},
+                           timeout=30)
+        assert found.status_code == 200 and "330 metres" in found.text
+        spans = receiver.wait_for(lambda got: any(s.name == "POST /search/stream" for s in got))
     assert text == plain == ANSWER and others == [("end", None)]
-    # both model calls happened: the condense call's text fed the retriever, not the stream
+    # each chat ran both model calls (the condense call's text fed the retriever, not the stream), the
+    # search its condense call
     asked = [json.dumps(r["body"]) for r in chain_server.model_requests("/chat/completions")]
-    assert sum("standalone question" in a for a in asked) == 2 and len(asked) == 4
+    assert sum("standalone question" in a for a in asked) == 3 and len(asked) == 5
     stream = stream_span(spans)
     request = next(s for s in spans if s.span_id == stream.parent_span_id)
     assert request.name == "POST /chat/stream"
@@ -106,6 +111,10 @@ def test_the_answer_call_is_judged_with_the_chains_question_and_documents(
             for c in failed] == [(len(GROUNDED), len(ANSWER))]
     assert stream.attributes[semconv.STREAM_VERDICT] == "flagged"
     assert semconv.ANSWER_NOT_FOUND not in request.attributes
+    # the search route's model call feeds the retriever: nothing judged, and its request span says why
+    search = next(s for s in spans if s.name == "POST /search/stream")
+    assert search.attributes[semconv.ANSWER_NOT_FOUND] == "model_output_not_returned"
+    assert len([s for s in spans if s.name == semconv.SPAN_STREAM]) == 1
 
 
 @pytest.mark.parametrize(("action", "mode", "expected", "verdict"), [
