@@ -46,8 +46,7 @@ class StreamBinding:
     """The guard session of one answer stream, opened lazily at its first token."""
 
     __slots__ = ("_attributes", "_lock", "_name", "_parent", "_pending", "closed", "ctx_token", "driver",
-                 "node_start_ns", "owner", "regenerate", "request_start_ns", "session", "source", "trace_id",
-                 "unanswered")
+                 "node_start_ns", "owner", "regenerate", "request_start_ns", "session", "source", "trace_id")
 
     def __init__(
         self,
@@ -79,9 +78,6 @@ class StreamBinding:
         self._lock = threading.Lock()
         #: set by :func:`bind`: restores the context's previous stream at :func:`unbind`
         self.ctx_token: contextvars.Token[StreamBinding | None] | None = None
-        #: says why no answer was found (a chain or graph of the request had none); called at :func:`unbind`
-        #: unless a later one fed the stream after all
-        self.unanswered: Callable[[], None] | None = None
 
     @property
     def parent(self) -> otel_context.Context | None:
@@ -229,9 +225,6 @@ def unbind(binding: StreamBinding) -> None:
     if token is not None:
         with contextlib.suppress(ValueError):  # reset from another context: nothing to undo there
             _current.reset(token)
-    report, binding.unanswered = binding.unanswered, None
-    if report is not None and binding.source is None:
-        report()
 
 
 def lookup(trace_id: int) -> StreamBinding | None:

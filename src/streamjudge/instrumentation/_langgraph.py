@@ -374,13 +374,15 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         binding = _binding.lookup(run.trace_id)
         if binding is not None and binding.source is not None:
             return  # the answer reached the stream another way (the body, the app's own guard)
-        code, why = found
-        if binding is not None and not binding.closed and binding.parent is not None:
-            # said when the request ends, unless a later chain or graph of the request answers after all
+        span: Span | None = None
+        if binding is not None and binding.parent is not None:
             span = trace.get_current_span(binding.parent)
-            binding.unanswered = lambda: _report(search, code, why, span)
-            return
-        _report(search, code, why, run.span or (self._node_span(run_id) if self._node_span else None))
+        if span is None or not span.get_span_context().is_valid:
+            span = run.span or (self._node_span(run_id) if self._node_span else None)
+        try:
+            _chains.report_not_found(search, found[0], found[1], span)
+        except Exception:
+            _log.debug("streamjudge: could not report a missing answer", exc_info=True)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         run = self._runs.pop(run_id, None)
@@ -533,13 +535,6 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._runs.pop(run_id, None)
-
-
-def _report(search: _chains.ChainSearch, code: str, why: str, span: Span | None) -> None:
-    try:
-        _chains.report_not_found(search, code, why, span)
-    except Exception:  # telemetry about telemetry must never break the app
-        _log.debug("streamjudge: could not report a missing answer", exc_info=True)
 
 
 def _tool_texts(output: Any) -> list[str]:
