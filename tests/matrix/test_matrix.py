@@ -72,8 +72,13 @@ ENFORCED_REASON = getattr(semconv, "ACTION_ENFORCED_REASON", "streamjudge.action
 
 #: (shape, action, mode, client events) -> why the cell fails on today's code (glob patterns: "*" is any)
 FAILING_TODAY: dict[tuple[str, str, str, str], str] = {
-    # (d) LangChain without LangGraph: no stream span, nothing judged, no action
-    ("lcel", "*", "*", "*"): "LCEL chain not judged: no stream span",
+    # (d) LangChain without LangGraph: judged and flagged through the model tap, which drives the guard as
+    # for (a), with the same stop/regenerate defects; with events on, a retract follows the continuation's
+    # first frame
+    ("lcel", "stop", "*", "*"): "as async_graph: fallback missing from the span; terminal frame dropped or "
+        "grounded sentence withheld",
+    ("lcel", "regenerate", "*", "*"): "as async_graph; with events on the retract follows the continuation's "
+        "first frame",
     # (a) async graph node and (c) ReAct agent: the model tap drives the guard
     ("async_graph", "stop", "stream_first", "off"): "span answer lacks the fallback the client received",
     ("async_graph", "stop", "stream_first", "on"): "app's terminal frame dropped; span answer lacks the fallback",
