@@ -590,3 +590,32 @@ def test_a_failing_last_window_is_regenerated_after_the_source_ended(harness: Ha
     assert "".join(e.text for e in after if e.type == "token").strip() == "Water is wet."
     done = events[-1]
     assert done.type == "done" and done.data is not None and done.data["regenerations"] == 1
+
+
+@pytest.mark.parametrize("action", ["stop", "regenerate"])
+def test_hold_back_releases_the_passing_sentences_of_the_failing_window(action: str) -> None:
+    # one window of three sentences, the second fabricated: the verdict names it alone, so the first goes
+    # out before the warning and the third never does
+    answer = f"The sky is blue. Grass is {MARK} purple. Water is wet."
+    s = Settings(preflight=False, final_reconcile=False, mode="hold_back", action=action, window_sentences=3)
+    backend = FakeBackend(FakeService(SentenceJudge()), s)
+    tokens = [w + " " for w in answer.split(" ")]
+    asked: list[str] = []
+
+    def again(req: Any) -> list[str]:
+        asked.append(req.accepted_prefix)
+        return [" Water is wet."]
+
+    events = list(streamjudge.guard(tokens, question="sky", contexts=CONTEXTS, runtime=backend,  # type: ignore[arg-type]
+                                    regenerate=again))
+    kinds = [e.type for e in events]
+    first_warning = kinds.index("warning")
+    assert answer_text(events[:first_warning]) == "The sky is blue. "
+    assert MARK not in answer_text(events)
+    # nothing said is taken back (a regeneration brings its own separator: the space may be)
+    assert all(not e.text.strip() for e in events if e.type == "retract")
+    if action == "stop":
+        assert kinds[-2:] == ["stop", "done"]
+    else:
+        assert asked == ["The sky is blue."]
+        assert answer_text(events) == "The sky is blue.  Water is wet."  # the tokens; the retract removes one space

@@ -37,7 +37,7 @@ from streamjudge.judging._telemetry import (
 )
 from streamjudge.judging._telemetry import capped as span_text
 from streamjudge.judging._tokens import TokenText
-from streamjudge.judging._windows import ReleaseOrder, Transcript, Window, Windows
+from streamjudge.judging._windows import ReleaseOrder, Transcript, Window, Windows, head_tokens
 from streamjudge.results import EvalKind, JudgeRequest, JudgeResult, Verdict
 
 if TYPE_CHECKING:
@@ -948,6 +948,9 @@ class GuardSession:
                 data["action"] = "stop"
                 data["reason"] = "max_regenerations"
                 action = "stop"
+        if self.hold_back and action in ("stop", "regenerate"):
+            # the sentences before the first failing one passed: they go out, the failing one never does
+            self._release_head(cp, passed_until(v))
         self._emit(StreamEvent("warning", score.explanation, data))
         if action == "stop":
             self._stop(data)
@@ -1004,6 +1007,14 @@ class GuardSession:
         if cp_tokens is None:
             return
         self._emit_tokens(self._release_order().release(cp.index, cp.end, cp_tokens))
+
+    def _release_head(self, cp: _Checkpoint, until: int) -> None:
+        # hold-back: the window's text before ``until`` (a sentence boundary) is released, in order
+        tokens = cp.tokens
+        if tokens is None or until <= cp.start:
+            return
+        cp.tokens = None
+        self._emit_tokens(self._release_order().release(cp.index, until, head_tokens(tokens, until - cp.start)))
 
     def _token_text(self) -> TokenText:
         text = self._text

@@ -188,6 +188,19 @@ class ReleaseOrder:
         self._next = next_index
 
 
+def head_tokens(tokens: list[str], chars: int) -> list[str]:
+    """The first ``chars`` chars of ``tokens``, as tokens (the one that crosses the boundary is cut)."""
+    out: list[str] = []
+    for tok in tokens:
+        if chars <= 0:
+            break
+        if len(tok) > chars:
+            tok = tok[:chars]
+        out.append(tok)
+        chars -= len(tok)
+    return out
+
+
 _NEVER_HELD: list[str] = []
 
 
