@@ -807,18 +807,7 @@ class GuardedStream:
                     outcome = "stopped"
                     break
                 s.close_tail()
-                deadline = time.monotonic() + s.settings.end_wait_s
-                while not s.stopped and s.regen_request is None:
-                    if s.has_events:
-                        yield from s.drain()
-                        if s.regen_request is not None:
-                            break
-                    remaining = deadline - time.monotonic()
-                    if not s.outstanding or remaining <= 0:
-                        break
-                    woke.clear()
-                    if not s.has_events:
-                        woke.wait(remaining)
+                yield from settle_sync(s, woke)
                 if s.regen_request is not None and not s.stopped:
                     # the last window failed after the source ended: regenerate from the good prefix
                     source = _regenerated(s, source)
@@ -839,6 +828,46 @@ class GuardedStream:
                 _close_sync(source)
 
 
+def end_wait(
+    session: GuardSession,
+    *,
+    wait_s: float | None = None,
+    ready: Callable[[], bool] | None = None,
+    take: Callable[[], list[StreamEvent]] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[list[StreamEvent] | float]:
+    """The one end-of-stream wait every driver runs after :meth:`GuardSession.close_tail`.
+
+    Yields lists of events to deliver, and numbers: seconds the driver waits for a verdict (woken early by
+    the session's notify callback). It ends when nothing is in flight (the pre-flight verdict included:
+    a fast source can end before it came, and it belongs on the span), at the deadline (``wait_s``,
+    default the session's ``end_wait_s``), at a stop, or when a regeneration is due (the driver
+    regenerates first; the new text gets its own wait). ``ready`` / ``take`` read the events (default:
+    the session's own; a binding passes what it keeps for its wrapper too).
+    """
+    ready = ready or (lambda: session.has_events)
+    take = take or session.drain
+    deadline = clock() + (session.settings.end_wait_s if wait_s is None else wait_s)
+    while not session.stopped:
+        if ready():
+            events = take()
+            if events:
+                yield events
+            if session.regen_request is not None:
+                return
+            continue
+        if not (session.outstanding or session.preflight_pending):
+            break
+        remaining = deadline - clock()
+        if remaining <= 0:
+            break
+        yield remaining
+    if ready():
+        events = take()
+        if events:
+            yield events
+
+
 async def settle(
     session: GuardSession, waker: AsyncWaker | None = None, wait_s: float | None = None
 ) -> AsyncIterator[StreamEvent]:
@@ -851,23 +880,28 @@ async def settle(
         waker = AsyncWaker(loop)
         session.set_notify(waker.notify)
     try:
-        deadline = loop.time() + (session.settings.end_wait_s if wait_s is None else wait_s)
-        while not session.stopped:
-            if session.has_events:
-                for ev in session.drain():
+        for step in end_wait(session, wait_s=wait_s, clock=loop.time):
+            if isinstance(step, list):
+                for ev in step:
                     yield ev
-            if session.regen_request is not None:
-                break  # the driver regenerates first; the new text gets its own wait
-            # the pre-flight verdict too: a fast source can end before it came, and it belongs on the span
-            if not (session.outstanding or session.preflight_pending) or loop.time() >= deadline:
-                break
-            await waker.wait(None, deadline - loop.time())
-        if session.has_events:
-            for ev in session.drain():
-                yield ev
+            else:
+                await waker.wait(None, step)
     finally:
         if own:
             session.set_notify(None)
+
+
+def settle_sync(
+    session: GuardSession, woke: threading.Event, wait_s: float | None = None
+) -> Iterator[StreamEvent]:
+    """:func:`settle` for a thread: ``woke`` is set by the session's notify callback."""
+    for step in end_wait(session, wait_s=wait_s):
+        if isinstance(step, list):
+            yield from step
+        else:
+            woke.clear()
+            if not session.has_events:  # set after the clear: the verdict came in between
+                woke.wait(step)
 
 
 def _regenerated(s: GuardSession, old: Iterator[Any]) -> Iterator[Any]:

@@ -1014,7 +1014,8 @@ class GuardSession:
         if tokens is None or until <= cp.start:
             return
         cp.tokens = None
-        self._emit_tokens(self._release_order().release(cp.index, until, head_tokens(tokens, until - cp.start)))
+        head = head_tokens(tokens, until - cp.start)
+        self._emit_tokens(self._release_order().release(cp.index, until, head))
 
     def _token_text(self) -> TokenText:
         text = self._text

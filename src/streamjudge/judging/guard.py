@@ -18,7 +18,15 @@ from opentelemetry.context import Context
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge.judging._backend import StreamBackend
-from streamjudge.judging._drivers import AsyncWaker, GuardedStream, settle
+from streamjudge.judging._drivers import (
+    AsyncWaker,
+    GuardedStream,
+    SourceStep,
+    end_wait,
+    settle,
+    settle_sync,
+    wait_step,
+)
 from streamjudge.judging._session import (
     GuardSession,
     RegenerateCallback,
@@ -36,10 +44,14 @@ __all__ = [
     "GuardedStream",
     "RegenerateCallback",
     "RegenerateRequest",
+    "SourceStep",
     "StreamEvent",
     "TokenSource",
+    "end_wait",
     "guard",
     "settle",
+    "settle_sync",
+    "wait_step",
 ]
 
 
