@@ -1,0 +1,71 @@
+"""Actions on a body-fed stream, and the stream span inside its request's span, through a real server."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Route
+
+from conftest import Harness
+from instrumentation.test_asgi_streams import INVENTED, Served, _sse_frames, _streams, ndjson, sse
+from streamjudge import semconv
+from streamjudge.instrumentation import StreamJudgeMiddleware
+
+
+def _app(**options: Any) -> Starlette:
+    return Starlette(routes=[Route("/sse", sse), Route("/ndjson", ndjson)],
+                     middleware=[Middleware(StreamJudgeMiddleware, **options)])
+
+
+def test_a_stop_of_a_body_fed_stream_drops_the_rest_of_the_answer_but_not_the_terminal_frame(
+    harness: Harness,
+) -> None:
+    harness.configure(None, action="stop", window_sentences=1, preflight=False)
+    server = Served(_app()).start()  # client events off: nothing is injected
+    try:
+        frames = _sse_frames(server.url + "/sse", answer="invented_early", delay="0.02")
+    finally:
+        server.stop()
+    events = [e for e, _ in frames]
+    assert events[-1] == "done" and events.count("done") == 1  # the app's terminal frame, last
+    assert "warning" not in events and "stop" not in events
+    shown = "".join(json.loads(d)["token"] for e, d in frames if e == "token")
+    assert shown.startswith(INVENTED)  # stream-first: shown before its verdict came
+    assert len(events) < 40, "the answer after the stop was sent"
+    (stream,) = _streams(harness)
+    assert stream.attributes[semconv.STREAM_OUTCOME] == "stopped"
+    assert stream.attributes[semconv.STREAM_ANSWER] == shown  # what the client received
+
+
+def test_the_stream_span_ends_inside_its_request_span(harness: Harness) -> None:
+    rt = harness.configure(None, window_sentences=1, preflight=False)
+    app = OpenTelemetryMiddleware(_app(), tracer_provider=rt.tracer_provider)
+    server = Served(app).start()  # type: ignore[arg-type]
+    try:
+        frames = _sse_frames(server.url + "/sse", answer="invented")
+        with httpx.stream("GET", server.url + "/ndjson", params={"answer": "invented"}, timeout=30) as r:
+            r.read()
+    finally:
+        server.stop()
+    assert frames[-1][0] == "done"
+    deadline = time.monotonic() + 10
+    while True:
+        spans = harness.spans()
+        streams = [s for s in spans if s.name == semconv.SPAN_STREAM]
+        requests = {s.context.span_id: s for s in spans if s.kind.name == "SERVER"}
+        if (len(streams) == 2 and len(requests) == 2) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(streams) == 2
+    for stream in streams:
+        request = requests[stream.parent.span_id]
+        assert stream.end_time <= request.end_time
+        checkpoints = [s for s in spans if s.name == semconv.SPAN_CHECKPOINT
+                       and s.parent.span_id == stream.context.span_id]
+        assert checkpoints and all(c.end_time <= stream.end_time for c in checkpoints)
