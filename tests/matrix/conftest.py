@@ -1,0 +1,230 @@
+"""The matrix's processes: one scripted model, one OTLP receiver, one app process per (shape, client events).
+
+Every app runs as a real uvicorn process on 127.0.0.1, under ``opentelemetry-instrument`` (zero-code
+shapes) or with ``instrument_app`` in its code (the body shape), and exports its spans over OTLP/HTTP to
+the receiver. Action and mode vary per request within one process (``_kit.apply_cell``), so the whole
+matrix starts ten processes, all at once. ``MATRIX_PROCESS_PER_CELL=1`` starts one process per cell
+instead, configured only by ``STREAMJUDGE_ACTION`` / ``STREAMJUDGE_MODE`` (slow: to check that the
+per-request switch changes nothing).
+
+The app's model answers in three sentences, the second invented (:data:`FABRICATED`: a name and a year
+the passage does not hold), so the local judge fails that sentence and only it; asked again with the
+guard's regenerate instruction it continues with a grounded sentence (:data:`CONTINUATION`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from instrumentation.otlp_receiver import OTLPReceiver
+from judges.scripted_server import ScriptedLLMServer
+from streamjudge.config import DEFAULT_REGENERATE_INSTRUCTION
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+QUESTION = "How tall is the Eiffel Tower?"
+GROUNDED = "The Eiffel Tower is 330 metres tall."
+FABRICATED = "It was designed by Napoleon Bonaparte in 1750."
+AFTER = "It was completed in 1889 for the World's Fair."
+ANSWER = f"{GROUNDED} {FABRICATED} {AFTER}"
+CONTINUATION = " It is in Paris."
+FIRST_TOKEN_DELAY_S = 0.05
+TOKEN_DELAY_S = 0.01
+PER_CELL = os.environ.get("MATRIX_PROCESS_PER_CELL") == "1"
+
+
+def app_model(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The apps' model: a tool call first (when tools are bound), a standalone question when asked to
+    condense one, the continuation when re-prompted by the guard, else the answer."""
+    messages = body.get("messages", [])
+    text = "\n".join(str(m.get("content")) for m in messages)
+    if DEFAULT_REGENERATE_INSTRUCTION[:30] in text:
+        return {"content": CONTINUATION}
+    if "Standalone question:" in text:
+        return {"content": QUESTION}
+    if body.get("tools") and not any(m.get("role") == "tool" for m in messages):
+        name = body["tools"][0].get("function", {}).get("name", "retrieve")
+        return {"tool_call": {"name": name, "arguments": {"query": "Eiffel Tower height"}}}
+    return {"content": ANSWER}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How one app shape is run: its script, whether zero-code, its own settings."""
+
+    script: str
+    zero_code: bool = True
+    settings: dict[str, str] = field(default_factory=dict)
+
+
+#: one process each (per client-events value); the body shape serves three transports
+PROCESSES: dict[str, Shape] = {
+    "async_graph": Shape("app_async_graph.py", settings={"answer_nodes": "generate"}),
+    "sync_graph": Shape("app_sync_graph.py", settings={"answer_nodes": "generate"}),
+    "react": Shape("app_react.py", settings={"answer_nodes": "agent"}),
+    "lcel": Shape("app_lcel.py"),
+    "body": Shape("app_body.py", zero_code=False),
+}
+
+
+@dataclass
+class App:
+    proc: subprocess.Popen[str]
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(llm: ScriptedLLMServer, receiver: OTLPReceiver, port: int, settings: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMJUDGE_", "OTEL_"))}
+    env.update({
+        "APP_LLM_BASE_URL": llm.openai_base_url,
+        "APP_PORT": str(port),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_METRICS_EXPORTER": "none",
+        "OTEL_LOGS_EXPORTER": "none",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "STREAMJUDGE_JUDGE": "local",
+        "PYTHONWARNINGS": "ignore",
+    })
+    env.update({f"STREAMJUDGE_{k.upper()}": v for k, v in settings.items()})
+    return env
+
+
+def _spawn(shape: Shape, llm: ScriptedLLMServer, receiver: OTLPReceiver, settings: dict[str, str]) -> App:
+    port = _free_port()
+    cmd = [str(BIN / "python"), str(HERE / shape.script)]
+    if shape.zero_code:
+        cmd = [str(BIN / "opentelemetry-instrument"), *cmd]
+    proc = subprocess.Popen(cmd, env=_env(llm, receiver, port, {**shape.settings, **settings}), cwd=HERE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return App(proc, port)
+
+
+def _wait_ready(app: App, script: str) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        if app.proc.poll() is not None:
+            out = app.proc.stdout.read() if app.proc.stdout else ""
+            raise AssertionError(f"{script} exited early:\n{out}")
+        try:
+            httpx.get(f"{app.url}/healthz", timeout=1)
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{script} did not start") from None
+            time.sleep(0.1)
+
+
+def _stop(app: App) -> str:
+    proc = app.proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.stdout.read() if proc.stdout else ""
+
+
+class Apps:
+    """The running app processes; :meth:`get` gives the one serving a cell and the header that selects it."""
+
+    def __init__(self, llm: ScriptedLLMServer, receiver: OTLPReceiver) -> None:
+        self._llm = llm
+        self._receiver = receiver
+        self._running: dict[tuple[str, ...], App] = {}
+        self.outputs: dict[tuple[str, ...], str] = {}
+
+    def start_all(self) -> None:
+        """Start the shared processes at once: their start-ups overlap."""
+        started = {}
+        for name, shape in PROCESSES.items():
+            for events in ("off", "on"):
+                started[(name, events)] = _spawn(shape, self._llm, self._receiver, {"client_events": events})
+        try:
+            for key, app in started.items():
+                _wait_ready(app, PROCESSES[key[0]].script)
+        finally:
+            self._running.update(started)
+
+    def get(self, process: str, action: str, mode: str, events: str) -> tuple[App, str | None]:
+        """The app for this cell and the cell switch to send (None: the process runs only this cell)."""
+        if not PER_CELL:
+            return self._running[(process, events)], f"{action},{mode}"
+        key = (process, action, mode, events)
+        for old in [k for k in self._running if k != key]:
+            self.outputs[old] = _stop(self._running.pop(old))
+        if key not in self._running:
+            app = _spawn(PROCESSES[process], self._llm, self._receiver,
+                         {"client_events": events, "action": action, "mode": mode})
+            self._running[key] = app
+            _wait_ready(app, PROCESSES[process].script)
+        return self._running[key], None
+
+    def stop_all(self) -> None:
+        for key, app in list(self._running.items()):
+            self.outputs[key] = _stop(app)
+        self._running.clear()
+
+
+@pytest.fixture(scope="session")
+def matrix_llm() -> Iterator[ScriptedLLMServer]:
+    server = ScriptedLLMServer().start()
+    server.app_responder = app_model
+    server.first_token_delay_s = FIRST_TOKEN_DELAY_S
+    server.token_delay_s = TOKEN_DELAY_S
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def matrix_receiver() -> Iterator[OTLPReceiver]:
+    rec = OTLPReceiver().start()
+    try:
+        yield rec
+    finally:
+        rec.stop()
+
+
+@pytest.fixture(scope="session")
+def matrix_apps(matrix_llm: ScriptedLLMServer, matrix_receiver: OTLPReceiver) -> Iterator[Apps]:
+    apps = Apps(matrix_llm, matrix_receiver)
+    try:
+        if not PER_CELL:
+            apps.start_all()
+        yield apps
+    finally:
+        apps.stop_all()
+        for key, out in apps.outputs.items():
+            assert "Traceback" not in out, (key, out)
+
+
+@contextlib.contextmanager
+def nothing() -> Iterator[None]:
+    yield
