@@ -1415,3 +1415,16 @@ def test_a_regeneration_asked_for_mid_burst_drops_the_token_that_saw_the_verdict
     assert "retract" in types
     after = [e.text for e in events[types.index("retract") + 1 :] if e.type == "token"]
     assert after == ["Fixed", " answer."]
+
+
+def test_hold_back_time_to_first_token_is_when_the_client_got_it(harness: Harness) -> None:
+    # the first window waits 50 ms for its verdict: the client's first token leaves after it, and that is
+    # the stream's time to first token; the model's is kept as its own attribute
+    harness.configure(KeywordJudge(delay_s=0.05), mode="hold_back", window_sentences=1, preflight=False)
+    events = run(guard(_tokens([w + " " for w in GOOD.split(" ")]), question="q", contexts=CONTEXTS))
+    assert text_of(events).strip() == GOOD.strip()
+    span = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    client, model = span.attributes[semconv.STREAM_TTFT_MS], span.attributes[semconv.STREAM_MODEL_TTFT_MS]
+    assert client >= model + 50
+    (first,) = [e for e in span.events if e.name == semconv.EVENT_FIRST_TOKEN]
+    assert first.timestamp - span.start_time >= client * 1e6 - 1e3

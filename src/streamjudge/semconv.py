@@ -27,6 +27,8 @@ STREAM_ID: Final = "streamjudge.stream.id"
 STREAM_TTFT_MS: Final = "streamjudge.stream.time_to_first_token_ms"
 # time to first token counted from the request's start (STREAM_TTFT_MS counts from the answer node's)
 STREAM_TTFT_REQUEST_MS: Final = "streamjudge.stream.time_to_first_token_from_request_ms"
+# when the model's first token came (STREAM_TTFT_MS is the client's: later in hold-back mode)
+STREAM_MODEL_TTFT_MS: Final = "streamjudge.stream.model_time_to_first_token_ms"
 STREAM_TOKENS: Final = "streamjudge.stream.tokens"
 STREAM_CHARS: Final = "streamjudge.stream.chars"
 STREAM_CHECKPOINTS: Final = "streamjudge.stream.checkpoints"

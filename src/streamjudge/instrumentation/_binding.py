@@ -135,8 +135,9 @@ class StreamBinding:
                 return
             if self.source is None:
                 self.source = source
-            if not self.node_start_ns:
-                self.node_start_ns = time.time_ns()
+            # the latest answer-node run before the first token: an agent's tool-calling turn is not
+            # the answer's start (its answer turn is)
+            self.node_start_ns = time.time_ns()
 
     def ensure_session(self) -> GuardSession:
         """The session, opened now if this is the stream's first token."""
@@ -144,26 +145,21 @@ class StreamBinding:
             return self.session if self.session is not None else self._open()
 
     def _open(self) -> GuardSession:
-        from streamjudge import semconv
         from streamjudge.judging.guard import GuardSession
 
-        first_token_ns = time.time_ns()  # the session opens on the stream's first token
         token = otel_context.attach(self._parent) if self._parent is not None else None
         _opening.binding = self
         try:
             # only a model tap can re-prompt; without one the guard flags instead (and says so)
             regen = self._regenerate if self.driver is not None else None
             session = GuardSession(name=self._name, attributes=self._attributes or None, regenerate=regen,
-                                   start_time_ns=self.node_start_ns or self.request_start_ns)
+                                   start_time_ns=self.node_start_ns or self.request_start_ns,
+                                   request_start_ns=self.request_start_ns)
             self._pending.extend(session.start())
         finally:
             _opening.binding = None
             if token is not None:
                 otel_context.detach(token)
-        span = session.span
-        if span is not None:
-            span.set_attribute(semconv.STREAM_TTFT_REQUEST_MS,
-                               round((first_token_ns - self.request_start_ns) / 1e6, 3))
         self.session = session
         return session
 

@@ -141,6 +141,7 @@ class GuardSession:
     # lookup instead of a slot load (judged: 63.1k -> 62.7k instructions per token)
     __slots__ = ("_attributes", "_backend", "_checkpoints", "_defer", "_ended", "_failed", "_final",
                  "_final_set", "_final_value", "_finished", "_first_alert_char", "_first_ns", "_good",
+                 "_model_first_ns", "_request_ns",
                  "_held", "_holding", "_hush", "_inbox", "_join", "_judged_any", "_judging", "_late",
                  "_n_alerts", "_n_regenerations", "_n_tokens", "_name", "_next_index", "_notify",
                  "_off_items", "_off_lock", "_off_ok", "_opened", "_order", "_out", "_parent", "_pending",
@@ -163,6 +164,7 @@ class GuardSession:
         attributes: Mapping[str, AttributeValue] | None = None,
         context: Context | None = None,
         start_time_ns: int | None = None,
+        request_start_ns: int | None = None,
     ) -> None:
         self._backend = runtime or default_backend()
         # the process's maker of ended checkpoint spans (a runtime has one; a bare backend need not)
@@ -244,7 +246,11 @@ class GuardSession:
         self._stream_hex = ""
         # when generation was requested (time to first token counts from here); default: start()
         self._start_ns = start_time_ns or 0
-        self._first_ns = 0  # when the first token came (its span event is added by finish)
+        # when the client's first token left (its span event is added by finish), and the model's (later
+        # than the model's in hold-back, where a token waits for its window's verdict)
+        self._first_ns = 0
+        self._model_first_ns = 0
+        self._request_ns = request_start_ns or 0  # when the request began (a second time to first token)
         self._finished = False
         self._opened = False  # counted by the service's stream_opened (closed in finish)
         self._probe: LoopProbe | None = None  # what stream_opened returned: its loop's lateness probe
@@ -632,6 +638,10 @@ class GuardSession:
         attrs.update(skip_attributes(self._skips))
         if self._ttft_ms is not None:
             attrs[semconv.STREAM_TTFT_MS] = self._ttft_ms
+            if self._request_ns:
+                attrs[semconv.STREAM_TTFT_REQUEST_MS] = round((self._first_ns - self._request_ns) / 1e6, 3)
+        if self._model_first_ns:
+            attrs[semconv.STREAM_MODEL_TTFT_MS] = round((self._model_first_ns - self._start_ns) / 1e6, 3)
         attrs.update(text_attributes(ANSWER_KEYS, text, capture=self.settings.capture_content, limit=limit))
         if self.settings.capture_content:
             attrs[semconv.OUTPUT_VALUE] = span_text(text, limit)
@@ -741,7 +751,13 @@ class GuardSession:
     def _first_token(self) -> None:
         # its span event is added at the end, with this timestamp: made here, on the first token's path, it
         # would be an event, its attributes and a lock more for the GC to track through the whole stream
-        now = self._first_ns = time.time_ns()
+        now = self._model_first_ns = time.time_ns()
+        if not self.hold_back:  # it goes out now
+            self._client_first(now)
+
+    def _client_first(self, now: int) -> None:
+        # the one time to first token: when the client's first token left
+        self._first_ns = now
         self._ttft_ms = round((now - self._start_ns) / 1e6, 3)
 
     def _close_checkpoint(self, end: int, final: bool = False) -> None:
@@ -1037,6 +1053,8 @@ class GuardSession:
 
     def _emit_tokens(self, tokens: list[str]) -> None:
         if tokens:
+            if not self._first_ns:
+                self._client_first(time.time_ns())
             out = self._outbox()
             out.extend(map(token_event, tokens))
             self.has_events = True
