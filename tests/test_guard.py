@@ -1428,3 +1428,21 @@ def test_hold_back_time_to_first_token_is_when_the_client_got_it(harness: Harnes
     assert client >= model + 50
     (first,) = [e for e in span.events if e.name == semconv.EVENT_FIRST_TOKEN]
     assert first.timestamp - span.start_time >= client * 1e6 - 1e3
+
+
+@pytest.mark.parametrize("mode", ["stream_first", "hold_back"])
+def test_a_token_too_large_to_judge_whole_passes_through_and_is_counted(harness: Harness, mode: str) -> None:
+    from streamjudge.judging._windows import MAX_TOKEN_CHARS
+
+    judge = SyncKeywordJudge()
+    harness.configure(judge, mode=mode, preflight=False, final_reconcile=False)
+    big = "The sky is blue. " * (MAX_TOKEN_CHARS // 17 + 100)
+    tokens = ["Grass is green. ", big, "Water is wet."]
+    events = run(guard(_tokens(tokens), question="q", contexts=CONTEXTS))
+    assert text_of(events) == "".join(tokens)  # every char reached the client, in order
+    judged = "".join(c.answer for c in judge.calls)
+    assert len(judged) <= len(tokens[0]) + MAX_TOKEN_CHARS + len(tokens[2])
+    assert judged.startswith("Grass is green. The sky is blue.")
+    span = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert span.attributes[semconv.STREAM_UNJUDGED_CHARS] == len(big) - MAX_TOKEN_CHARS
+    assert "token:too_large" in span.attributes[semconv.SKIP_REASONS]

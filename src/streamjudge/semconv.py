@@ -29,6 +29,8 @@ STREAM_TTFT_MS: Final = "streamjudge.stream.time_to_first_token_ms"
 STREAM_TTFT_REQUEST_MS: Final = "streamjudge.stream.time_to_first_token_from_request_ms"
 # when the model's first token came (STREAM_TTFT_MS is the client's: later in hold-back mode)
 STREAM_MODEL_TTFT_MS: Final = "streamjudge.stream.model_time_to_first_token_ms"
+# chars of tokens too large to judge whole that passed through unjudged (see MAX_TOKEN_CHARS)
+STREAM_UNJUDGED_CHARS: Final = "streamjudge.stream.unjudged_chars"
 STREAM_TOKENS: Final = "streamjudge.stream.tokens"
 STREAM_CHARS: Final = "streamjudge.stream.chars"
 STREAM_CHECKPOINTS: Final = "streamjudge.stream.checkpoints"

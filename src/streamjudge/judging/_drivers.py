@@ -22,6 +22,7 @@ from typing import Any
 
 from streamjudge._wakefd import WakeFd
 from streamjudge.judging._session import _TOKEN_EVENTS, GuardSession, StreamEvent, TokenSource, token_event
+from streamjudge.judging._windows import MAX_TOKEN_CHARS as _MAX_TOKEN
 from streamjudge.results import JudgeResult
 
 _log = logging.getLogger(__name__)
@@ -517,7 +518,8 @@ class GuardedStream:
                         pre = s.early_sink()
                         if pre is not None:
                             async for tok in source:
-                                if not opened and tok.__class__ is str and tok and tok.isascii():
+                                if (not opened and tok.__class__ is str and tok and tok.isascii()
+                                        and len(tok) <= _MAX_TOKEN):
                                     pre.append(tok)
                                     early += 1
                                     yield shared(tok) or token_event(tok)
@@ -694,7 +696,8 @@ class GuardedStream:
                         if isinstance(tok, str) and tok:
                             yield token_event(tok)
                         continue
-                    if s._holding and tok.__class__ is str and tok and tok.isascii() and s._n_tokens:
+                    if (s._holding and tok.__class__ is str and tok and tok.isascii() and s._n_tokens
+                            and len(tok) <= _MAX_TOKEN):
                         # a burst: the session holds its tokens for the scan its deferred work runs on the
                         # loop's next pass (see GuardSession.accept), so a token of it needs nothing else
                         # until then: the burst's plain tokens are appended here, as a stream nothing judges
@@ -712,7 +715,7 @@ class GuardedStream:
                         tok = _NO_TOKEN
                         async for tok in source:
                             if (tok.__class__ is str and tok and tok.isascii() and s._holding
-                                    and not s.has_events):
+                                    and not s.has_events and len(tok) <= _MAX_TOKEN):
                                 held.append(tok)
                                 burst += 1
                                 yield shared(tok) or token_event(tok)

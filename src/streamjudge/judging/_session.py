@@ -37,7 +37,14 @@ from streamjudge.judging._telemetry import (
 )
 from streamjudge.judging._telemetry import capped as span_text
 from streamjudge.judging._tokens import TokenText
-from streamjudge.judging._windows import ReleaseOrder, Transcript, Window, Windows, head_tokens
+from streamjudge.judging._windows import (
+    MAX_TOKEN_CHARS,
+    ReleaseOrder,
+    Transcript,
+    Window,
+    Windows,
+    head_tokens,
+)
 from streamjudge.results import EvalKind, JudgeRequest, JudgeResult, Verdict
 
 if TYPE_CHECKING:
@@ -139,17 +146,75 @@ class GuardSession:
     # slots: with 60 attributes, past the 30 CPython's shared instance-dict keys hold, each session had a dict
     # of its own (1,640 bytes per live stream against 472 now), and every read on the token path a dict
     # lookup instead of a slot load (judged: 63.1k -> 62.7k instructions per token)
-    __slots__ = ("_attributes", "_backend", "_checkpoints", "_defer", "_ended", "_failed", "_final",
-                 "_final_set", "_final_value", "_finished", "_first_alert_char", "_first_ns", "_good",
-                 "_model_first_ns", "_request_ns",
-                 "_held", "_holding", "_hush", "_inbox", "_join", "_judged_any", "_judging", "_late",
-                 "_n_alerts", "_n_regenerations", "_n_tokens", "_name", "_next_index", "_notify",
-                 "_off_items", "_off_lock", "_off_ok", "_opened", "_order", "_out", "_parent", "_pending",
-                 "_preflight_due", "_probe", "_recording", "_regenerate", "_requests", "_scanning",
-                 "_session_id", "_skip_checks", "_skips", "_span", "_span_id", "_start_ns", "_stream_hex",
-                 "_text", "_to_send", "_trace_id", "_ttft_ms", "_unjudged_status", "_verdict",
-                 "_window_start_ns", "_windows", "contexts", "has_events", "hold_back", "preflight_pending",
-                 "question", "reference", "regen_request", "settings", "stopped")
+    __slots__ = (
+        "_attributes",
+        "_backend",
+        "_checkpoints",
+        "_defer",
+        "_ended",
+        "_failed",
+        "_final",
+        "_final_set",
+        "_final_value",
+        "_finished",
+        "_first_alert_char",
+        "_first_ns",
+        "_good",
+        "_held",
+        "_holding",
+        "_hush",
+        "_inbox",
+        "_join",
+        "_judged_any",
+        "_judging",
+        "_late",
+        "_model_first_ns",
+        "_n_alerts",
+        "_n_regenerations",
+        "_n_tokens",
+        "_name",
+        "_next_index",
+        "_notify",
+        "_off_items",
+        "_off_lock",
+        "_off_ok",
+        "_opened",
+        "_order",
+        "_out",
+        "_parent",
+        "_pending",
+        "_preflight_due",
+        "_probe",
+        "_recording",
+        "_regenerate",
+        "_request_ns",
+        "_requests",
+        "_scanning",
+        "_session_id",
+        "_skip_checks",
+        "_skips",
+        "_span",
+        "_span_id",
+        "_start_ns",
+        "_stream_hex",
+        "_text",
+        "_to_send",
+        "_trace_id",
+        "_ttft_ms",
+        "_unjudged_status",
+        "_verdict",
+        "_window_start_ns",
+        "_windows",
+        "contexts",
+        "has_events",
+        "hold_back",
+        "preflight_pending",
+        "question",
+        "reference",
+        "regen_request",
+        "settings",
+        "stopped",
+    )
 
     def __init__(
         self,
@@ -540,6 +605,8 @@ class GuardSession:
         if not n:
             self._first_token()
         self._n_tokens = n + 1
+        if len(token) > MAX_TOKEN_CHARS and not isinstance(self._windows, Transcript):
+            return self._accept_large(token)  # type: ignore[no-any-return]
         if self._holding:
             # the loop has not run since a checkpoint (or the pre-flight request) was deferred to its next
             # pass: a burst, whose tokens come faster than the loop turns. Their sentences wait for that
@@ -552,6 +619,20 @@ class GuardSession:
         if end >= 0:
             self._close_checkpoint(end)
         return token  # type: ignore[no-any-return]
+
+    def _accept_large(self, token: str) -> str:
+        # the head is judged; the rest passes through unjudged, in order (see Unjudged), and is counted
+        self._scan_held()
+        head, rest = token[:MAX_TOKEN_CHARS], token[MAX_TOKEN_CHARS:]
+        end = self._windows.feed(head)
+        if end >= 0:
+            self._close_checkpoint(end)
+        self._windows.pass_unjudged(rest)
+        self._record_skip("token", "too_large")
+        late = self._late
+        before = late.get(semconv.STREAM_UNJUDGED_CHARS)
+        late[semconv.STREAM_UNJUDGED_CHARS] = (before if isinstance(before, int) else 0) + len(rest)
+        return token
 
     def early_sink(self) -> list[str] | None:
         """Before :meth:`start`, once the first token was accepted: the list a driver may append each plain
@@ -620,13 +701,14 @@ class GuardSession:
                 self._release(idx)
             self._emit_tokens(self._windows.take_open_tokens())
         text = self._windows.text()
+        shown = self._windows.delivered()
         summary = self._summary(outcome)
         limit = self.settings.max_text_attribute_chars
         # one call for all of them, start()'s included: each call takes the span's lock and cleans a mapping
         attrs = self._late
         attrs.update({
             semconv.STREAM_TOKENS: self._n_tokens,
-            semconv.STREAM_CHARS: len(text),
+            semconv.STREAM_CHARS: len(shown),
             semconv.STREAM_CHECKPOINTS: self._next_index,
             semconv.STREAM_ALERTS: self._n_alerts,
             semconv.STREAM_VERDICT: summary["verdict"],
@@ -642,9 +724,9 @@ class GuardSession:
                 attrs[semconv.STREAM_TTFT_REQUEST_MS] = round((self._first_ns - self._request_ns) / 1e6, 3)
         if self._model_first_ns:
             attrs[semconv.STREAM_MODEL_TTFT_MS] = round((self._model_first_ns - self._start_ns) / 1e6, 3)
-        attrs.update(text_attributes(ANSWER_KEYS, text, capture=self.settings.capture_content, limit=limit))
+        attrs.update(text_attributes(ANSWER_KEYS, shown, capture=self.settings.capture_content, limit=limit))
         if self.settings.capture_content:
-            attrs[semconv.OUTPUT_VALUE] = span_text(text, limit)
+            attrs[semconv.OUTPUT_VALUE] = span_text(shown, limit)
         ended_well = outcome in ("completed", "stopped")
         if not ended_well:
             attrs[semconv.EVAL_SKIP_REASON] = outcome
