@@ -610,12 +610,31 @@ def test_hold_back_releases_the_passing_sentences_of_the_failing_window(action: 
                                     regenerate=again))
     kinds = [e.type for e in events]
     first_warning = kinds.index("warning")
-    assert answer_text(events[:first_warning]) == "The sky is blue. "
+    # up to the sentence's end: the continuation (or the fallback) brings its own separator
+    assert answer_text(events[:first_warning]) == "The sky is blue."
     assert MARK not in answer_text(events)
-    # nothing said is taken back (a regeneration brings its own separator: the space may be)
-    assert all(not e.text.strip() for e in events if e.type == "retract")
+    assert "retract" not in kinds  # nothing shown is taken back
+    (stream,) = [x for x in backend.exporter.get_finished_spans() if x.name == semconv.SPAN_STREAM]
+    assert stream.attributes is not None
+    assert stream.attributes[semconv.STREAM_ANSWER] == answer_text(events)  # what the client received
     if action == "stop":
         assert kinds[-2:] == ["stop", "done"]
+        assert MARK in str(stream.attributes[semconv.STREAM_MODEL_ANSWER])  # the model's, kept apart
     else:
         assert asked == ["The sky is blue."]
-        assert answer_text(events) == "The sky is blue.  Water is wet."  # the tokens; the retract removes one space
+        assert answer_text(events) == "The sky is blue. Water is wet."
+
+
+def test_an_action_that_cannot_be_enforced_says_so_on_the_span() -> None:
+    # regenerate without a callback: the guard flags instead, and the span says the action did not happen
+    answer = f"The sky is blue. Grass is {MARK} purple."
+    s = Settings(preflight=False, final_reconcile=False, action="regenerate", window_sentences=1)
+    backend = FakeBackend(FakeService(SentenceJudge()), s)
+    events = list(streamjudge.guard([w + " " for w in answer.split(" ")], question="sky", contexts=CONTEXTS,
+                                    runtime=backend))  # type: ignore[arg-type]
+    assert warnings(events)[0]["action"] == "flag"
+    (stream,) = [x for x in backend.exporter.get_finished_spans() if x.name == semconv.SPAN_STREAM]
+    assert stream.attributes is not None
+    assert stream.attributes[semconv.ACTION_ENFORCED] is False
+    assert "regenerate" in str(stream.attributes[semconv.ACTION_ENFORCED_REASON])
+    assert stream.attributes[semconv.STREAM_VERDICT] == "flagged"

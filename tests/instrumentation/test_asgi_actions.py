@@ -69,3 +69,19 @@ def test_the_stream_span_ends_inside_its_request_span(harness: Harness) -> None:
         checkpoints = [s for s in spans if s.name == semconv.SPAN_CHECKPOINT
                        and s.parent.span_id == stream.context.span_id]
         assert checkpoints and all(c.end_time <= stream.end_time for c in checkpoints)
+
+
+def test_a_body_fed_stream_cannot_hold_back_and_its_span_says_so(harness: Harness) -> None:
+    harness.configure(None, mode="hold_back", window_sentences=1, preflight=False)
+    server = Served(_app()).start()
+    try:
+        frames = _sse_frames(server.url + "/sse", answer="invented")
+    finally:
+        server.stop()
+    shown = "".join(json.loads(d)["token"] for e, d in frames if e == "token")
+    assert shown == INVENTED  # the app's frames went out as they came
+    (stream,) = _streams(harness)
+    assert stream.attributes[semconv.ACTION_ENFORCED] is False
+    assert "hold_back" in stream.attributes[semconv.ACTION_ENFORCED_REASON]
+    assert stream.attributes[semconv.STREAM_MODE] == "stream_first"  # what it did
+    assert stream.attributes[semconv.STREAM_ANSWER] == shown

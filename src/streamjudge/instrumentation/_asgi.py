@@ -224,6 +224,7 @@ class StreamJudgeMiddleware:
                 own_span.end()
             return None, None
         binding = StreamBinding(span_ctx.trace_id, owner=owner, parent=ctx, request_start_ns=start_ns)
+        binding.client_events = self._client_events
         _binding.bind(binding)
         return binding, own_span
 

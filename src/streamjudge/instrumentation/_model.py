@@ -281,6 +281,8 @@ class _TapBase:
                     shown = "".join(self.accepted)[: self.released]
                     sep = " " if shown and not shown[-1].isspace() else ""
                     out.append(_text_chunk(sep + ev.text, self.like))
+                    if self.session is not None:
+                        self.session.note_delivered(sep + ev.text)
         if client:
             self.binding.post(client)
         return out

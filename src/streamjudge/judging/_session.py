@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from streamjudge.judging._lag import LoopProbe
 
 _log = logging.getLogger(__name__)
+_NOT_ENFORCED_LOGGED: set[str] = set()  # reasons logged once a process (see GuardSession.not_enforced)
 # guards the lazily made final futures of all sessions (taken once per stream, uncontended)
 _FINAL_LOCK = threading.Lock()
 
@@ -152,6 +153,7 @@ class GuardSession:
         "_checkpoints",
         "_defer",
         "_ended",
+        "_enforced",
         "_failed",
         "_final",
         "_final_set",
@@ -189,8 +191,11 @@ class GuardSession:
         "_regenerate",
         "_request_ns",
         "_requests",
+        "_round_base",
+        "_round_from",
         "_scanning",
         "_session_id",
+        "_shown_extra",
         "_skip_checks",
         "_skips",
         "_span",
@@ -212,6 +217,7 @@ class GuardSession:
         "question",
         "reference",
         "regen_request",
+        "retracts_shown",
         "settings",
         "stopped",
     )
@@ -316,6 +322,14 @@ class GuardSession:
         self._first_ns = 0
         self._model_first_ns = 0
         self._request_ns = request_start_ns or 0  # when the request began (a second time to first token)
+        # what the client was shown of the answers before the last regeneration, and where the current
+        # answer's own text starts in the windows' text (see delivered_text)
+        self._round_base: str | None = None
+        self._round_from = 0
+        self._shown_extra = ""  # text a driver delivered as the answer's own (a tap's fallback words)
+        #: whether a retraction reaches the client (a wrapper with client events off cannot send one)
+        self.retracts_shown = True
+        self._enforced: str | None = None  # why the action could not be enforced, when it could not
         self._finished = False
         self._opened = False  # counted by the service's stream_opened (closed in finish)
         self._probe: LoopProbe | None = None  # what stream_opened returned: its loop's lateness probe
@@ -701,7 +715,7 @@ class GuardSession:
                 self._release(idx)
             self._emit_tokens(self._windows.take_open_tokens())
         text = self._windows.text()
-        shown = self._windows.delivered()
+        shown = self.delivered_text()
         summary = self._summary(outcome)
         limit = self.settings.max_text_attribute_chars
         # one call for all of them, start()'s included: each call takes the span's lock and cleans a mapping
@@ -718,6 +732,11 @@ class GuardSession:
         if self._text is not None and self._text.skipped:
             attrs[semconv.STREAM_SKIPPED_TOKENS] = self._text.skipped
         attrs.update(skip_attributes(self._skips))
+        if self._enforced is not None:
+            attrs[semconv.ACTION_ENFORCED] = False
+            attrs[semconv.ACTION_ENFORCED_REASON] = self._enforced
+        if shown != text and self.settings.capture_content:
+            attrs[semconv.STREAM_MODEL_ANSWER] = span_text(text, limit)
         if self._ttft_ms is not None:
             attrs[semconv.STREAM_TTFT_MS] = self._ttft_ms
             if self._request_ns:
@@ -1042,6 +1061,7 @@ class GuardSession:
             if self._regenerate is None:
                 data["action"] = "flag"
                 data["reason"] = "no_regenerate_callback"
+                self.not_enforced("regenerate: no model to re-prompt (no regenerate callback)")
             elif self._n_regenerations >= self.settings.max_regenerations:
                 data["action"] = "stop"
                 data["reason"] = "max_regenerations"
@@ -1070,6 +1090,9 @@ class GuardSession:
             # nothing past the last released window was shown, and what was not shown is not kept either
             shown = self._release_order().released_end
             keep = min(keep, shown)
+        base = self._round_base or ""
+        self._round_base = base + text[self._round_from:(keep if self.retracts_shown else shown)]
+        self._round_from = keep
         if shown > keep:
             self._emit(StreamEvent("retract", text[keep:shown], {"from": keep, "to": shown,
                                                                  "checkpoint": v.index}))
@@ -1083,6 +1106,31 @@ class GuardSession:
             attempt=self._n_regenerations + 1,
         )
         self.has_events = True
+
+    def note_delivered(self, text: str) -> None:
+        """``text`` went to the client as the answer's own words after its last token (a tap writes the
+        stop's fallback as the model's last words): the answer recorded is what the client received."""
+        self._shown_extra += text
+
+    def not_enforced(self, reason: str) -> None:
+        """This stream's action or mode cannot be enforced where its tokens come from: the span says so
+        (``streamjudge.action.enforced=false`` with ``reason``) and one log line a process says why."""
+        if self._enforced is None:
+            self._enforced = reason
+            if reason not in _NOT_ENFORCED_LOGGED:
+                _NOT_ENFORCED_LOGGED.add(reason)
+                _log.warning("streamjudge: %s/%s cannot be enforced here: %s", self.settings.action,
+                             self.settings.mode, reason)
+
+    def delivered_text(self) -> str:
+        """The answer as the client received it: released text in hold-back, the text before a retraction
+        the client never saw, a tap's fallback words."""
+        text = self._windows.delivered()
+        if self.hold_back and self.stopped and self._order is not None:
+            text = text[: self._order.released_end]
+        if self._round_base is not None:
+            text = self._round_base + text[self._round_from:]
+        return text + self._shown_extra
 
     def _stop(self, data: Mapping[str, Any]) -> None:
         self.stopped = True
@@ -1113,6 +1161,12 @@ class GuardSession:
             return
         cp.tokens = None
         head = head_tokens(tokens, until - cp.start)
+        # up to the sentence's end: a continuation or a fallback brings its own separator
+        while head and head[-1][-1:].isspace():
+            last = head.pop().rstrip()
+            if last:
+                head.append(last)
+        until = cp.start + sum(map(len, head))
         self._emit_tokens(self._release_order().release(cp.index, until, head))
 
     def _token_text(self) -> TokenText:

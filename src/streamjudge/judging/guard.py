@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from opentelemetry.context import Context
 from opentelemetry.util.types import AttributeValue
 
-from streamjudge.judging._backend import StreamBackend
+from streamjudge.judging._backend import StreamBackend, default_backend
 from streamjudge.judging._drivers import (
     AsyncWaker,
     GuardedStream,
@@ -47,12 +47,21 @@ __all__ = [
     "SourceStep",
     "StreamEvent",
     "TokenSource",
+    "default_settings",
     "end_wait",
     "guard",
     "settle",
     "settle_sync",
     "wait_step",
 ]
+
+
+def default_settings() -> Settings | None:
+    """The settings a stream gets when none are given (the process's), or None when unconfigured."""
+    try:
+        return default_backend().settings
+    except RuntimeError:
+        return None
 
 
 def guard(
