@@ -1446,3 +1446,28 @@ def test_a_token_too_large_to_judge_whole_passes_through_and_is_counted(harness:
     span = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
     assert span.attributes[semconv.STREAM_UNJUDGED_CHARS] == len(big) - MAX_TOKEN_CHARS
     assert "token:too_large" in span.attributes[semconv.SKIP_REASONS]
+
+
+def test_a_stream_fed_after_its_client_left_judges_and_keeps_nothing_more(harness: Harness) -> None:
+    # a model the client left runs on (a sync node in a worker thread cannot be cancelled) and its tap
+    # still feeds the session: nothing of it may reach the pool, or the pool tracks the stream forever
+    judge = SyncKeywordJudge()
+    rt = harness.configure(judge, window_sentences=1, preflight=False)
+    session = GuardSession(question="q", contexts=CONTEXTS)
+    session.start()
+    for tok in ("The sky is blue. ", "Grass is green. "):
+        session.accept(tok)
+    session.abort("disconnected")
+    calls = len(judge.calls)
+    for _ in range(50):
+        session.accept("Water is wet. ")
+    session.close_tail()
+    assert session.finish() == []
+    deadline = time.monotonic() + 5
+    while rt.pool.depth and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(judge.calls) == calls
+    assert rt.pool.tracked_streams == 0
+    (stream,) = by_name(harness.spans(), semconv.SPAN_STREAM)
+    assert stream.attributes[semconv.STREAM_OUTCOME] == "disconnected"
+    assert len(by_name(harness.spans(), semconv.SPAN_CHECKPOINT)) <= 2

@@ -39,6 +39,7 @@ from streamjudge.judging._telemetry import capped as span_text
 from streamjudge.judging._tokens import TokenText
 from streamjudge.judging._windows import (
     MAX_TOKEN_CHARS,
+    Ended,
     ReleaseOrder,
     Transcript,
     Window,
@@ -127,6 +128,22 @@ RegenerateCallback = Callable[[RegenerateRequest], TokenSource]
 
 
 @dataclass(slots=True)
+class _Delivered:
+    """Where what the client received differs from the model's text, and why an action was not enforced.
+
+    ``base``: the client's text of the answers before the last regeneration (up to the retraction, or all
+    of it where the retraction could not reach the client); ``start``: where the current answer's own text
+    begins in the windows' text; ``extra``: words a driver delivered after the last token (a tap's
+    fallback)."""
+
+    base: str | None = None
+    start: int = 0
+    extra: str = ""
+    retracts_shown: bool = True
+    not_enforced: str | None = None
+
+
+@dataclass(slots=True)
 class _Checkpoint:
     index: int
     start: int
@@ -152,8 +169,8 @@ class GuardSession:
         "_backend",
         "_checkpoints",
         "_defer",
+        "_delivered",
         "_ended",
-        "_enforced",
         "_failed",
         "_final",
         "_final_set",
@@ -191,11 +208,8 @@ class GuardSession:
         "_regenerate",
         "_request_ns",
         "_requests",
-        "_round_base",
-        "_round_from",
         "_scanning",
         "_session_id",
-        "_shown_extra",
         "_skip_checks",
         "_skips",
         "_span",
@@ -217,7 +231,6 @@ class GuardSession:
         "question",
         "reference",
         "regen_request",
-        "retracts_shown",
         "settings",
         "stopped",
     )
@@ -322,14 +335,8 @@ class GuardSession:
         self._first_ns = 0
         self._model_first_ns = 0
         self._request_ns = request_start_ns or 0  # when the request began (a second time to first token)
-        # what the client was shown of the answers before the last regeneration, and where the current
-        # answer's own text starts in the windows' text (see delivered_text)
-        self._round_base: str | None = None
-        self._round_from = 0
-        self._shown_extra = ""  # text a driver delivered as the answer's own (a tap's fallback words)
-        #: whether a retraction reaches the client (a wrapper with client events off cannot send one)
-        self.retracts_shown = True
-        self._enforced: str | None = None  # why the action could not be enforced, when it could not
+        # made by the first thing that makes the client's text differ from the model's (see _Delivered)
+        self._delivered: _Delivered | None = None
         self._finished = False
         self._opened = False  # counted by the service's stream_opened (closed in finish)
         self._probe: LoopProbe | None = None  # what stream_opened returned: its loop's lateness probe
@@ -732,9 +739,10 @@ class GuardSession:
         if self._text is not None and self._text.skipped:
             attrs[semconv.STREAM_SKIPPED_TOKENS] = self._text.skipped
         attrs.update(skip_attributes(self._skips))
-        if self._enforced is not None:
+        why = self._delivered.not_enforced if self._delivered is not None else None
+        if why is not None:
             attrs[semconv.ACTION_ENFORCED] = False
-            attrs[semconv.ACTION_ENFORCED_REASON] = self._enforced
+            attrs[semconv.ACTION_ENFORCED_REASON] = why
         if shown != text and self.settings.capture_content:
             attrs[semconv.STREAM_MODEL_ANSWER] = span_text(text, limit)
         if self._ttft_ms is not None:
@@ -771,8 +779,25 @@ class GuardSession:
                 span.set_attribute(semconv.EVAL_SKIP_REASON, skip)
             self._set_final(None)
         span.end()
+        self._release_state()
         self._emit(StreamEvent("done", data=summary))
         return self._take()
+
+    def _release_state(self) -> None:
+        # the stream is over on every exit path (completed, stopped, client gone, error): a driver that
+        # still feeds it must not open windows, send judge requests or keep text for it
+        self._judging = False
+        self._windows = Ended()
+        self._held = None
+        self._holding = False
+        self._defer = None
+        self._checkpoints.clear()
+        self._to_send = None
+        self._text = None
+        self._order = None
+        self._good = None
+        if self._inbox is not None:
+            self._inbox.clear()
 
     def _final_skip(self, outcome: str, text: str) -> str | None:
         if not self._judging:
@@ -1090,9 +1115,9 @@ class GuardSession:
             # nothing past the last released window was shown, and what was not shown is not kept either
             shown = self._release_order().released_end
             keep = min(keep, shown)
-        base = self._round_base or ""
-        self._round_base = base + text[self._round_from:(keep if self.retracts_shown else shown)]
-        self._round_from = keep
+        d = self._delivery()
+        d.base = (d.base or "") + text[d.start:(keep if d.retracts_shown else shown)]
+        d.start = keep
         if shown > keep:
             self._emit(StreamEvent("retract", text[keep:shown], {"from": keep, "to": shown,
                                                                  "checkpoint": v.index}))
@@ -1110,13 +1135,30 @@ class GuardSession:
     def note_delivered(self, text: str) -> None:
         """``text`` went to the client as the answer's own words after its last token (a tap writes the
         stop's fallback as the model's last words): the answer recorded is what the client received."""
-        self._shown_extra += text
+        self._delivery().extra += text
+
+    @property
+    def retracts_shown(self) -> bool:
+        """Whether a retraction reaches the client (a wrapper with client events off cannot send one)."""
+        return self._delivered is None or self._delivered.retracts_shown
+
+    @retracts_shown.setter
+    def retracts_shown(self, value: bool) -> None:
+        if value != self.retracts_shown:
+            self._delivery().retracts_shown = value
+
+    def _delivery(self) -> _Delivered:
+        d = self._delivered
+        if d is None:
+            d = self._delivered = _Delivered()
+        return d
 
     def not_enforced(self, reason: str) -> None:
         """This stream's action or mode cannot be enforced where its tokens come from: the span says so
         (``streamjudge.action.enforced=false`` with ``reason``) and one log line a process says why."""
-        if self._enforced is None:
-            self._enforced = reason
+        d = self._delivery()
+        if d.not_enforced is None:
+            d.not_enforced = reason
             if reason not in _NOT_ENFORCED_LOGGED:
                 _NOT_ENFORCED_LOGGED.add(reason)
                 _log.warning("streamjudge: %s/%s cannot be enforced here: %s", self.settings.action,
@@ -1128,9 +1170,12 @@ class GuardSession:
         text = self._windows.delivered()
         if self.hold_back and self.stopped and self._order is not None:
             text = text[: self._order.released_end]
-        if self._round_base is not None:
-            text = self._round_base + text[self._round_from:]
-        return text + self._shown_extra
+        d = self._delivered
+        if d is None:
+            return text
+        if d.base is not None:
+            text = d.base + text[d.start:]
+        return text + d.extra
 
     def _stop(self, data: Mapping[str, Any]) -> None:
         self.stopped = True

@@ -300,3 +300,13 @@ class Transcript(Windows):
 
     def take_open_tokens(self) -> list[str]:
         return []
+
+
+class Ended(Transcript):
+    """The windows of a stream that ended: a driver that still feeds it (a model the client left, whose
+    stream runs on) keeps nothing and closes no window, so nothing of it is judged or kept any more."""
+
+    __slots__ = ()
+
+    def feed(self, token: str) -> int:
+        return -1
