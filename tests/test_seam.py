@@ -638,3 +638,19 @@ def test_an_action_that_cannot_be_enforced_says_so_on_the_span() -> None:
     assert stream.attributes[semconv.ACTION_ENFORCED] is False
     assert "regenerate" in str(stream.attributes[semconv.ACTION_ENFORCED_REASON])
     assert stream.attributes[semconv.STREAM_VERDICT] == "flagged"
+
+
+def test_hold_back_never_shows_the_failing_sentence_even_quoted_in_the_warning() -> None:
+    class QuotingJudge(SentenceJudge):
+        def score(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+            result = super().score(item, metrics)
+            quoted = tuple(replace(sc, explanation=f'unsupported: "{item.answer.strip()}"') for sc in result.scores)
+            return JudgeResult(result.judge, quoted)
+
+    answer = f"The sky is blue. Grass is {MARK} purple."
+    s = Settings(preflight=False, final_reconcile=False, mode="hold_back", action="stop", window_sentences=1)
+    backend = FakeBackend(FakeService(QuotingJudge()), s)
+    events = list(streamjudge.guard([w + " " for w in answer.split(" ")], question="sky", contexts=CONTEXTS,
+                                    runtime=backend))  # type: ignore[arg-type]
+    assert warnings(events)
+    assert all(MARK not in (e.text + repr(e.data)) for e in events), [e for e in events if e.type != "token"]

@@ -551,15 +551,15 @@ class _WebSocket:
                     await self._send(message)
                 return
             tok = extract_from_json(payload, self._mw._path) if payload is not None else text
-            if self._swallow and tok and self._events_on:
+            if self._swallow and tok:
                 return
             if tok and binding.source != "graph":
                 binding.feed(tok, "body")
             await self._send(message)
             if binding.has_events:
                 await self._send_events(binding.take_events())
-            if binding.stopped:
-                self._swallow = True
+            if binding.stopped and binding.source == "body":
+                self._swallow = True  # a graph-fed stream was stopped at its model: its frames go on
             return
         if mtype == "websocket.close" and binding.session is not None:
             await self._send_events(await finish_stream(binding, wait_s=0.0))

@@ -25,7 +25,7 @@ from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
-from streamjudge.judging._actions import PassedPrefix, passed_until, preflight_gate, warning_data
+from streamjudge.judging._actions import PassedPrefix, passed_until, preflight_gate, warning_data, withhold
 from streamjudge.judging._backend import StreamBackend, default_backend, stream_started
 from streamjudge.judging._requests import StreamRequests
 from streamjudge.judging._telemetry import (
@@ -1082,6 +1082,10 @@ class GuardSession:
                     else "",
                 },
             )
+        explanation = score.explanation
+        if self.hold_back:
+            # the client never sees a failing sentence, not even quoted in the judge's explanation
+            explanation = withhold(data, self._windows.text())
         if action == "regenerate":
             if self._regenerate is None:
                 data["action"] = "flag"
@@ -1094,7 +1098,7 @@ class GuardSession:
         if self.hold_back and action in ("stop", "regenerate"):
             # the sentences before the first failing one passed: they go out, the failing one never does
             self._release_head(cp, passed_until(v))
-        self._emit(StreamEvent("warning", score.explanation, data))
+        self._emit(StreamEvent("warning", explanation, data))
         if action == "stop":
             self._stop(data)
         elif action == "regenerate" and self._regenerate is not None:
