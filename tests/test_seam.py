@@ -400,7 +400,7 @@ def test_a_judge_with_one_score_per_text_gets_no_merged_checkpoints() -> None:
 
 def test_the_public_api_is_pinned() -> None:
     assert sorted(streamjudge.__all__) == sorted([
-        "ConfigError", "EvalInput", "GuardSession", "GuardedStream", "Judge", "JudgeError", "JudgeResult",
+        "ConfigError", "EvalInput", "GuardedStream", "Judge", "JudgeError", "JudgeResult",
         "RegenerateRequest", "Runtime", "Score", "SentenceScore", "Settings", "StreamEvent",
         "TransientJudgeError", "Verdict", "__version__", "configure", "current_runtime", "get_runtime", "guard",
         "instrument_app", "load_settings",
@@ -415,6 +415,8 @@ def _imports(path: Path) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
             out.add(node.module)
+            # ``from streamjudge.judging import _backend`` reaches a private module as surely as its path
+            out.update(f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_"))
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
     return out
@@ -426,13 +428,25 @@ def _imports(path: Path) -> set[str]:
         ("judging", ("streamjudge.runtime", "streamjudge.instrumentation", "streamjudge.exporters.langfuse",
                      "streamjudge.exporters.phoenix")),
         ("exporters", ("streamjudge.runtime", "streamjudge.instrumentation", "streamjudge.judging")),
+        # instrumentation drives streams through judging's public API only (``judging.guard``), never its
+        # private modules, and knows nothing of where results go
+        ("instrumentation", ("streamjudge.judging._", "streamjudge.judging.pool", "streamjudge.judging.service",
+                             "streamjudge.exporters")),
+        # the worker judges spans it receives: no app instrumentation, no live streams
+        ("worker", ("streamjudge.instrumentation", "streamjudge.judging._", "streamjudge.judging.guard")),
+        # offline harnesses run apps and streams through the public API
+        ("offline", ("streamjudge.judging._", "streamjudge.judging.pool", "streamjudge.exporters")),
+        # the top-level modules reach the stages through their public modules; runtime.py, which wires the
+        # stages together, is the one exception (it sets judging's default backend)
+        (".", ("streamjudge.judging._", "streamjudge.instrumentation._", "streamjudge.exporters._")),
     ],
 )
 def test_imports_run_one_way(stage: str, forbidden: tuple[str, ...]) -> None:
     root = Path(streamjudge.__file__).parent / stage
+    files = [p for p in root.glob("*.py") if p.name != "runtime.py"] if stage == "." else root.rglob("*.py")
     bad = {
         str(p.relative_to(root)): sorted(m for m in _imports(p) if m.startswith(forbidden))
-        for p in root.rglob("*.py")
+        for p in files
     }
     assert {k: v for k, v in bad.items() if v} == {}
 

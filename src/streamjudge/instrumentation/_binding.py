@@ -270,9 +270,9 @@ def active_count() -> int:
 
 
 def _register() -> None:
-    from streamjudge.judging import _backend
+    from streamjudge.judging.guard import on_stream_start
 
-    _backend.on_stream_start(claim_for_app)
+    on_stream_start(claim_for_app)
 
 
 _register()

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
@@ -31,8 +30,8 @@ from streamjudge.judging._requests import StreamRequests
 from streamjudge.judging._telemetry import (
     ANSWER_KEYS,
     CHECKPOINT_KEYS,
+    StreamSpans,
     defer_final,
-    skip_attributes,
     text_attributes,
 )
 from streamjudge.judging._telemetry import capped as span_text
@@ -49,9 +48,7 @@ from streamjudge.judging._windows import (
 from streamjudge.results import EvalKind, JudgeRequest, JudgeResult, Verdict
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import ReadableSpan
 
-    from streamjudge._sdk import EndedSpans
     from streamjudge.config import Settings
     from streamjudge.judging._lag import LoopProbe
 
@@ -165,19 +162,16 @@ class GuardSession:
     # of its own (1,640 bytes per live stream against 472 now), and every read on the token path a dict
     # lookup instead of a slot load (judged: 63.1k -> 62.7k instructions per token)
     __slots__ = (
-        "_attributes",
         "_backend",
         "_checkpoints",
         "_defer",
         "_delivered",
-        "_ended",
         "_failed",
         "_final",
         "_final_set",
         "_final_value",
         "_finished",
         "_first_alert_char",
-        "_first_ns",
         "_good",
         "_held",
         "_holding",
@@ -186,12 +180,9 @@ class GuardSession:
         "_join",
         "_judged_any",
         "_judging",
-        "_late",
-        "_model_first_ns",
         "_n_alerts",
         "_n_regenerations",
         "_n_tokens",
-        "_name",
         "_next_index",
         "_notify",
         "_off_items",
@@ -200,26 +191,17 @@ class GuardSession:
         "_opened",
         "_order",
         "_out",
-        "_parent",
         "_pending",
         "_preflight_due",
         "_probe",
-        "_recording",
         "_regenerate",
-        "_request_ns",
         "_requests",
         "_scanning",
         "_session_id",
         "_skip_checks",
-        "_skips",
-        "_span",
-        "_span_id",
-        "_start_ns",
-        "_stream_hex",
+        "_spans",
         "_text",
         "_to_send",
-        "_trace_id",
-        "_ttft_ms",
         "_unjudged_status",
         "_verdict",
         "_window_start_ns",
@@ -251,16 +233,16 @@ class GuardSession:
         request_start_ns: int | None = None,
     ) -> None:
         self._backend = runtime or default_backend()
-        # the process's maker of ended checkpoint spans (a runtime has one; a bare backend need not)
-        self._ended: EndedSpans | None = getattr(self._backend, "ended_spans", None)
+        # the stream's spans and timing; the process's maker of ended spans is a runtime's (a bare backend
+        # need not have one). Time to first token counts from ``start_time_ns`` (default: start())
+        self._spans = StreamSpans(self._backend.tracer, getattr(self._backend, "ended_spans", None),
+                                  name or semconv.SPAN_STREAM, attributes, context, start_time_ns or 0,
+                                  request_start_ns or 0)
         self.settings: Settings = settings or self._backend.settings
         self.question = question
         self.contexts: tuple[str, ...] | None = tuple(contexts) if contexts is not None else None
         self.reference = reference
         self._regenerate = regenerate
-        self._name = name or semconv.SPAN_STREAM
-        self._attributes = dict(attributes) if attributes else None
-        self._parent = context
         s = self.settings
         #: tokens are released only after their window passed (drivers must not emit them themselves)
         self.hold_back = s.mode == "hold_back"
@@ -278,7 +260,6 @@ class GuardSession:
         self._n_alerts = 0
         self._n_regenerations = 0
         self._first_alert_char: int | None = None
-        self._ttft_ms: float | None = None
         self._judged_any = False
         self._verdict = "unjudged"
         self._judging = True  # decided once at start: sampling, content size
@@ -290,7 +271,6 @@ class GuardSession:
         self._pending = self._checkpoints  # its truthiness is the drivers' "verdicts in flight?"
         self._good: PassedPrefix | None = None  # made by start() for a judged stream
         self._failed = False  # a sentence failed since the last regeneration
-        self._skips: dict[str, int] = {}
         # set by an event-loop driver: schedules a callback for after the current token went out
         self._defer: Callable[[Callable[[], None]], object] | None = None
         # the Windows' held list while tokens may wait there for the loop's next pass (see accept), or None
@@ -321,20 +301,7 @@ class GuardSession:
         self._final: concurrent.futures.Future[JudgeResult | None] | None = None
         self._final_set = False
         self._final_value: JudgeResult | None = None
-        self._span: trace.Span | None = None
-        self._span_id = 0
-        self._trace_id = 0
         self._session_id: str | None = None
-        self._late: dict[str, AttributeValue] = {}  # start()'s attributes, set by finish() with its own
-        self._recording = False
-        self._stream_hex = ""
-        # when generation was requested (time to first token counts from here); default: start()
-        self._start_ns = start_time_ns or 0
-        # when the client's first token left (its span event is added by finish), and the model's (later
-        # than the model's in hold-back, where a token waits for its window's verdict)
-        self._first_ns = 0
-        self._model_first_ns = 0
-        self._request_ns = request_start_ns or 0  # when the request began (a second time to first token)
         # made by the first thing that makes the client's text differ from the model's (see _Delivered)
         self._delivered: _Delivered | None = None
         self._finished = False
@@ -424,7 +391,7 @@ class GuardSession:
     @property
     def span(self) -> trace.Span | None:
         """The stream span (None before :meth:`start`)."""
-        return self._span
+        return self._spans.span
 
     @property
     def judging(self) -> bool:
@@ -434,44 +401,22 @@ class GuardSession:
     def start(self) -> list[StreamEvent]:
         """Open the stream span, resolve the question and contexts, decide sampling, ask for pre-flight."""
         backend = self._backend
-        self._start_ns = self._start_ns or time.time_ns()
-        self._window_start_ns = self._start_ns
         settings = self.settings
-        attrs: dict[str, AttributeValue] = {
-            semconv.SPAN_TYPE: semconv.SPAN_TYPE_STREAM,
-            semconv.OPENINFERENCE_SPAN_KIND: semconv.OPENINFERENCE_KIND_CHAIN,
-            semconv.STREAM_MODE: settings.mode,
-            semconv.STREAM_ACTION: settings.action,
-        }
-        if self._attributes:
-            attrs.update(self._attributes)
-        # where nobody could tell the difference, the SDK's span without its start hooks (see LiveSpan)
-        ended = self._ended
-        span = ended.start(self._name, self._parent, attrs, self._start_ns) if ended is not None else None
-        # made by ``ended``: it was usable, so the checkpoints' spans can be made ended too (see _send_later)
-        off_ok = span is not None
-        if span is None:
-            span = backend.tracer.start_span(self._name, context=self._parent, attributes=attrs,
-                                             start_time=self._start_ns)
-        self._span = span
-        ctx = span.get_span_context()
-        self._span_id = ctx.span_id
-        self._trace_id = ctx.trace_id
-        # a trace the tracing sampler dropped (a client's ``traceparent: ...-00``) reaches no processor: it
-        # counts as sampled out, decided here once, so nothing waits for verdicts and nothing is held
-        self._recording = span.is_recording()
-        self._stream_hex = format(ctx.span_id, "016x")
-        # set with the end-of-stream attributes, in finish()'s one call: each call takes the span's lock and
-        # cleans its mapping (nothing reads them off a live span; a span is exported once ended)
-        late = self._late = {semconv.STREAM_ID: self._stream_hex}
-        stream_started(self._trace_id, self)
+        sp = self._spans
+        # made ended (see StreamSpans.open): the checkpoints' spans can be made ended too (see _send_later)
+        off_ok = sp.open(settings.mode, settings.action)
+        self._window_start_ns = sp.start_ns
+        trace_id = sp.trace_id
+        # end-of-stream attributes, set in one call at the end (each call takes the span's lock)
+        late = sp.late
+        stream_started(trace_id, self)
         stored = None
         if self.question is not None or self.contexts is not None or self.reference is not None:
             stored = backend.contexts.register(
-                self._trace_id, question=self.question, contexts=self.contexts, reference=self.reference
+                trace_id, question=self.question, contexts=self.contexts, reference=self.reference
             )
         else:
-            stored = backend.contexts.get(self._trace_id) or backend.contexts.get(0)
+            stored = backend.contexts.get(trace_id) or backend.contexts.get(0)
         if stored is not None:
             self.question = self.question if self.question is not None else stored.question
             self.contexts = self.contexts if self.contexts is not None else stored.contexts
@@ -481,7 +426,9 @@ class GuardSession:
         self._session_id = stored.session_id if stored is not None else None
         if self.question is not None and settings.capture_content:
             late[semconv.STREAM_QUESTION] = late[semconv.INPUT_VALUE] = self.question
-        if not self._recording or not backend.service.sampled(self._trace_id):
+        # a trace the tracing sampler dropped counts as sampled out, decided here once, so nothing waits for
+        # verdicts and nothing is held
+        if not sp.recording or not backend.service.sampled(trace_id):
             self._judging = False
             self._unjudged_status = "sampled_out"
             late[semconv.EVAL_STATUS] = "sampled_out"
@@ -536,16 +483,16 @@ class GuardSession:
         answer itself: the source's first step may reach the model already, whose tap must not open a
         second session for it."""
         s = self.settings
-        if self._span is not None or (s.preflight and s.preflight_action in ("stop", "skip_checks")):
+        sp = self._spans
+        if sp.span is not None or (s.preflight and s.preflight_action in ("stop", "skip_checks")):
             return False
-        self._start_ns = self._start_ns or time.time_ns()
-        if self._parent is None:
-            # the stream's parent is where it began: start() may run on a later step (see early_sink), by
-            # when the consumer may have made another span current
-            self._parent = otel_context.get_current()
+        sp.start_ns = sp.start_ns or time.time_ns()
+        # the stream's parent is where it began: start() may run on a later step (see early_sink), by
+        # when the consumer may have made another span current
+        sp.open_parent(otel_context.get_current())
         # a stream under a span (the request's) is in that span's trace; a root stream's trace is new,
         # and nothing can be bound to it yet
-        parent = trace.get_current_span(self._parent).get_span_context()
+        parent = trace.get_current_span(sp.parent).get_span_context()
         if parent.is_valid:
             stream_started(parent.trace_id, self)
         return True
@@ -555,11 +502,11 @@ class GuardSession:
         token): used from the next checkpoint on, and the pre-flight gate runs now if it could not before."""
         if question is not None and self.question is None:
             self.question = question
-        if contexts is None or self._span is None:
+        if contexts is None or self._spans.span is None:
             return
         had = self.contexts is not None
         self.contexts = tuple(contexts)
-        self._late[semconv.STREAM_CONTEXT_COUNT] = len(self.contexts)
+        self._spans.late[semconv.STREAM_CONTEXT_COUNT] = len(self.contexts)
         if not had and self.settings.preflight and self._judging and not self._n_tokens:
             self._preflight()
 
@@ -567,8 +514,8 @@ class GuardSession:
         requests = self._requests
         if requests is None:
             requests = self._requests = StreamRequests(self.settings, coalesce=not self.hold_back)
-            if self._span is not None:
-                requests.bind(self._span, self._session_id)
+            if self._spans.span is not None:
+                requests.bind(self._spans.span, self._session_id)
         return requests
 
     def _request(self, kind: EvalKind, text: str, **where: Any) -> JudgeRequest:
@@ -601,7 +548,7 @@ class GuardSession:
 
     def _apply_preflight(self, verdict: Verdict) -> None:
         self.preflight_pending = False
-        span = self._span
+        span = self._spans.span
         assert span is not None
         gate = preflight_gate(verdict, self.settings.preflight_threshold, self.settings.preflight_action)
         span.set_attributes(gate.attributes)
@@ -650,7 +597,7 @@ class GuardSession:
             self._close_checkpoint(end)
         self._windows.pass_unjudged(rest)
         self._record_skip("token", "too_large")
-        late = self._late
+        late = self._spans.late
         before = late.get(semconv.STREAM_UNJUDGED_CHARS)
         late[semconv.STREAM_UNJUDGED_CHARS] = (before if isinstance(before, int) else 0) + len(rest)
         return token
@@ -663,7 +610,7 @@ class GuardSession:
         as the answer's first. None where that cannot be: started already, or hold-back (no token goes out
         before its window passed)."""
         windows = self._windows
-        if (self._span is not None or self.hold_back or not self._n_tokens
+        if (self._spans.span is not None or self.hold_back or not self._n_tokens
                 or not isinstance(windows, Transcript)):
             return None
         return windows.sink
@@ -713,7 +660,8 @@ class GuardSession:
             return []
         self._finished = True
         self._send_all()  # checkpoint spans end before their stream span
-        span = self._span
+        sp = self._spans
+        span = sp.span
         if span is None:
             return [StreamEvent("done", data={"verdict": "unjudged"})]
         if self.hold_back and not self.stopped:
@@ -722,48 +670,10 @@ class GuardSession:
                 self._release(idx)
             self._emit_tokens(self._windows.take_open_tokens())
         text = self._windows.text()
-        shown = self.delivered_text()
         summary = self._summary(outcome)
-        limit = self.settings.max_text_attribute_chars
-        # one call for all of them, start()'s included: each call takes the span's lock and cleans a mapping
-        attrs = self._late
-        attrs.update({
-            semconv.STREAM_TOKENS: self._n_tokens,
-            semconv.STREAM_CHARS: len(shown),
-            semconv.STREAM_CHECKPOINTS: self._next_index,
-            semconv.STREAM_ALERTS: self._n_alerts,
-            semconv.STREAM_VERDICT: summary["verdict"],
-            semconv.STREAM_OUTCOME: outcome,
-            semconv.STREAM_REGENERATIONS: self._n_regenerations,
-        })
-        if self._text is not None and self._text.skipped:
-            attrs[semconv.STREAM_SKIPPED_TOKENS] = self._text.skipped
-        attrs.update(skip_attributes(self._skips))
-        why = self._delivered.not_enforced if self._delivered is not None else None
-        if why is not None:
-            attrs[semconv.ACTION_ENFORCED] = False
-            attrs[semconv.ACTION_ENFORCED_REASON] = why
-        if shown != text and self.settings.capture_content:
-            attrs[semconv.STREAM_MODEL_ANSWER] = span_text(text, limit)
-        if self._ttft_ms is not None:
-            attrs[semconv.STREAM_TTFT_MS] = self._ttft_ms
-            if self._request_ns:
-                attrs[semconv.STREAM_TTFT_REQUEST_MS] = round((self._first_ns - self._request_ns) / 1e6, 3)
-        if self._model_first_ns:
-            attrs[semconv.STREAM_MODEL_TTFT_MS] = round((self._model_first_ns - self._start_ns) / 1e6, 3)
-        attrs.update(text_attributes(ANSWER_KEYS, shown, capture=self.settings.capture_content, limit=limit))
-        if self.settings.capture_content:
-            attrs[semconv.OUTPUT_VALUE] = span_text(shown, limit)
-        ended_well = outcome in ("completed", "stopped")
-        if not ended_well:
-            attrs[semconv.EVAL_SKIP_REASON] = outcome
-        span.set_attributes(attrs)
-        if self._first_ns:
-            span.add_event(semconv.EVENT_FIRST_TOKEN, timestamp=self._first_ns)
-        if not ended_well:
-            span.set_status(Status(StatusCode.ERROR, f"stream {outcome}"))
+        sp.close(self._end_attributes(outcome, summary["verdict"], text), outcome)
         service = self._backend.service
-        service.end_stream(self._span_id)
+        service.end_stream(sp.span_id)
         if self._opened:
             service.stream_closed(self._probe)
         skip = self._final_skip(outcome, text)
@@ -772,7 +682,7 @@ class GuardSession:
                         capture=self.settings.capture_content, limit=self.settings.max_judge_input_chars)
             self._set_final(None)
         elif skip is None:
-            service.submit(self._request("answer", text, target=span, target_name=self._name))
+            service.submit(self._request("answer", text, target=span, target_name=sp.name))
         else:
             if self._judging:
                 span.set_attribute(semconv.EVAL_STATUS, "skipped")
@@ -782,6 +692,35 @@ class GuardSession:
         self._release_state()
         self._emit(StreamEvent("done", data=summary))
         return self._take()
+
+    def _end_attributes(self, outcome: str, verdict: str, text: str) -> dict[str, AttributeValue]:
+        # what the stream span says at the end: counts, outcome, and the answer the client received (the
+        # model's text beside it when it differs)
+        shown = self.delivered_text()
+        settings = self.settings
+        limit = settings.max_text_attribute_chars
+        attrs: dict[str, AttributeValue] = {
+            semconv.STREAM_TOKENS: self._n_tokens,
+            semconv.STREAM_CHARS: len(shown),
+            semconv.STREAM_CHECKPOINTS: self._next_index,
+            semconv.STREAM_ALERTS: self._n_alerts,
+            semconv.STREAM_VERDICT: verdict,
+            semconv.STREAM_OUTCOME: outcome,
+            semconv.STREAM_REGENERATIONS: self._n_regenerations,
+        }
+        if self._text is not None and self._text.skipped:
+            attrs[semconv.STREAM_SKIPPED_TOKENS] = self._text.skipped
+        why = self._delivered.not_enforced if self._delivered is not None else None
+        if why is not None:
+            attrs[semconv.ACTION_ENFORCED] = False
+            attrs[semconv.ACTION_ENFORCED_REASON] = why
+        capture = settings.capture_content
+        if shown != text and capture:
+            attrs[semconv.STREAM_MODEL_ANSWER] = span_text(text, limit)
+        attrs.update(text_attributes(ANSWER_KEYS, shown, capture=capture, limit=limit))
+        if capture:
+            attrs[semconv.OUTPUT_VALUE] = span_text(shown, limit)
+        return attrs
 
     def _release_state(self) -> None:
         # the stream is over on every exit path (completed, stopped, client gone, error): a driver that
@@ -836,15 +775,16 @@ class GuardSession:
 
     def abort(self, outcome: str = "disconnected", error: BaseException | None = None) -> None:
         """The consumer went away or the source failed: cancel queued judge work, end the span."""
-        if self._finished or self._span is None:
+        span = self._spans.span
+        if self._finished or span is None:
             return
         self._send_all()  # every checkpoint sent has its span, and its request is cancelled below
-        cancelled = self._backend.service.cancel_stream(self._span_id)
+        cancelled = self._backend.service.cancel_stream(self._spans.span_id)
         self._checkpoints.clear()
         if error is not None:
-            self._span.record_exception(error)
+            span.record_exception(error)
         if cancelled:
-            self._span.set_attribute(semconv.JUDGE_CANCELLED_JOBS, cancelled)
+            self._spans.late[semconv.JUDGE_CANCELLED_JOBS] = cancelled
         self.finish(outcome)
 
     # --- regeneration -------------------------------------------------------------------------------
@@ -877,14 +817,7 @@ class GuardSession:
     def _first_token(self) -> None:
         # its span event is added at the end, with this timestamp: made here, on the first token's path, it
         # would be an event, its attributes and a lock more for the GC to track through the whole stream
-        now = self._model_first_ns = time.time_ns()
-        if not self.hold_back:  # it goes out now
-            self._client_first(now)
-
-    def _client_first(self, now: int) -> None:
-        # the one time to first token: when the client's first token left
-        self._first_ns = now
-        self._ttft_ms = round((now - self._start_ns) / 1e6, 3)
+        self._spans.model_first(not self.hold_back)  # stream-first: it goes out now
 
     def _close_checkpoint(self, end: int, final: bool = False) -> None:
         window = self._windows.cut(end)
@@ -999,7 +932,7 @@ class GuardSession:
             semconv.CHECKPOINT_CHAR_START: window.start,
             semconv.CHECKPOINT_CHAR_END: window.end,
             semconv.CHECKPOINT_SENTENCES: window.sentences,
-            semconv.STREAM_ID: self._stream_hex,
+            semconv.STREAM_ID: self._spans.stream_hex,
         }
         if final:
             attrs[semconv.CHECKPOINT_FINAL] = True
@@ -1012,30 +945,14 @@ class GuardSession:
         settings = self.settings
         text = text_attributes(CHECKPOINT_KEYS, window.text, capture=settings.capture_content,
                                limit=settings.max_text_attribute_chars)
-        ended = self._ended
-        cp: trace.Span | ReadableSpan | None = None
-        if ended is not None and self._span is not None:
-            # every attribute is known now: the span is made ended, without the SDK's live span (see
-            # EndedSpans), where the provider's set-up lets nobody tell the difference
-            cp = ended.make(semconv.SPAN_CHECKPOINT, self._span, attrs, start_ns, end_ns, text)
-        live = None
-        if cp is None:
-            parent = trace.set_span_in_context(self._span) if self._span is not None else None
-            cp = live = self._backend.tracer.start_span(
-                semconv.SPAN_CHECKPOINT, context=parent, attributes=attrs, start_time=start_ns
-            )
-            if live.is_recording():
-                live.set_attributes(text)  # one call: each takes the span's lock
+        cp, live = self._spans.checkpoint(attrs, text, start_ns, end_ns)
         if judged and index in self._checkpoints:
             # before the span's end: the processor holds a span it was told to expect
             self._backend.service.submit(
                 self._request("checkpoint", window.text, prefix=window.prefix, offset=window.start,
                               index=index, target=cp, target_name=semconv.SPAN_CHECKPOINT)
             )
-        if live is not None:
-            live.end(end_time=end_ns)
-        else:
-            ended.end(cp)  # type: ignore[union-attr, arg-type]
+        self._spans.end_checkpoint(cp, live, end_ns)
 
     def _on_verdict(self, v: Verdict) -> None:
         cp = self._checkpoints.pop(v.index, None)
@@ -1068,9 +985,9 @@ class GuardSession:
         data = warning_data(v, score, self._requests_of().threshold(score.name), action)
         if self._first_alert_char is None:
             self._first_alert_char = data["char_end"]
-        if self._span is not None:
+        if self._spans.span is not None:
             first = data["sentences"][0]
-            self._span.add_event(
+            self._spans.event(
                 semconv.EVENT_ALERT,
                 {
                     semconv.ALERT_METRIC: score.name,
@@ -1125,8 +1042,7 @@ class GuardSession:
         if shown > keep:
             self._emit(StreamEvent("retract", text[keep:shown], {"from": keep, "to": shown,
                                                                  "checkpoint": v.index}))
-            if self._span is not None:
-                self._span.add_event(semconv.EVENT_RETRACT, {"from": keep, "to": shown})
+            self._spans.event(semconv.EVENT_RETRACT, {"from": keep, "to": shown})
         self.regen_request = RegenerateRequest(
             question=self.question or "",
             contexts=self.contexts or (),
@@ -1187,8 +1103,7 @@ class GuardSession:
         for cp in self._checkpoints.values():
             cp.tokens = None
         self._windows.take_open_tokens()
-        if self._span is not None:
-            self._span.add_event(semconv.EVENT_STOP, {semconv.ALERT_METRIC: str(data.get("metric", ""))})
+        self._spans.event(semconv.EVENT_STOP, {semconv.ALERT_METRIC: str(data.get("metric", ""))})
         self._emit(StreamEvent("stop", self.settings.fallback_message, data))
 
     def _release(self, index: int) -> None:
@@ -1238,8 +1153,8 @@ class GuardSession:
 
     def _emit_tokens(self, tokens: list[str]) -> None:
         if tokens:
-            if not self._first_ns:
-                self._client_first(time.time_ns())
+            if not self._spans.first_ns:
+                self._spans.client_first(time.time_ns())
             out = self._outbox()
             out.extend(map(token_event, tokens))
             self.has_events = True
@@ -1261,13 +1176,7 @@ class GuardSession:
         return out if out is not None else []
 
     def _record_skip(self, what: str, reason: str) -> None:
-        # one event per distinct reason (a flood of drops must not push other events out of the span's
-        # bounded event list); the counts go on the span at the end
-        key = f"{what}:{reason}"
-        n = self._skips.get(key, 0)
-        self._skips[key] = n + 1
-        if not n and self._span is not None:
-            self._span.add_event(semconv.EVENT_SKIP, {semconv.SKIP_REASON: key})
+        self._spans.skip(f"{what}:{reason}")
 
     def _summary(self, outcome: str) -> dict[str, Any]:
         verdict = self._verdict
@@ -1282,8 +1191,8 @@ class GuardSession:
             "alerts": self._n_alerts,
             "regenerations": self._n_regenerations,
             "first_alert_char": self._first_alert_char,
-            "ttft_ms": self._ttft_ms,
-            "stream_id": self._stream_hex,
+            "ttft_ms": self._spans.ttft_ms,
+            "stream_id": self._spans.stream_hex,
         }
 
 

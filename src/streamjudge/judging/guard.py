@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from opentelemetry.context import Context
 from opentelemetry.util.types import AttributeValue
 
-from streamjudge.judging._backend import StreamBackend, default_backend
+from streamjudge.judging._backend import StreamBackend, default_backend, on_stream_start
 from streamjudge.judging._drivers import (
     AsyncWaker,
     GuardedStream,
@@ -50,6 +50,7 @@ __all__ = [
     "default_settings",
     "end_wait",
     "guard",
+    "on_stream_start",
     "settle",
     "settle_sync",
     "wait_step",
