@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from streamjudge import semconv
 from streamjudge._context import ContextStore
 from streamjudge.config import Settings
 from streamjudge.judging.base import EvalInput, JudgeResult, Score, SentenceScore
+from streamjudge.judging.guard import set_fast_paths
 from streamjudge.judging.pool import JudgePool
 from streamjudge.judging.processor import JudgeSpanProcessor
 from streamjudge.judging.service import JudgingService
@@ -36,6 +37,16 @@ from streamjudge.results import JobOutcome, JudgeRequest, Verdict
 from streamjudge.sentences import split_sentences
 
 CONTEXTS = ("The sky is blue. Grass is green. Water is wet.",)
+
+
+@pytest.fixture(autouse=True, params=["fast_paths", "plain_paths"])
+def _driver_paths(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every seam test runs with the driver's fast paths on and off: they must do what the plain path does."""
+    set_fast_paths(request.param == "fast_paths")
+    try:
+        yield
+    finally:
+        set_fast_paths(True)
 MARK = "HALLUCINATED"
 
 

@@ -189,6 +189,20 @@ class AsyncWaker:
             fut.set_result(None)
 
 
+# the async driver's fast paths: a stream's start run while its source works on the first token (its
+# tokens at hand sent before it), a stream nothing judges passing plain tokens with a list append, and a
+# burst's tokens appended for the loop's next pass. Each does what the plain path does, at less cost per
+# token; off, every token takes the plain path (set_fast_paths: tests run both, and a suspected fast-path
+# bug can be ruled out in production)
+_fast_paths = True
+
+
+def set_fast_paths(on: bool) -> None:
+    """Switch the async driver's fast paths on or off for streams started from now on."""
+    global _fast_paths
+    _fast_paths = on
+
+
 # a source slower than this between tokens is raced against verdicts, so a warning is not held back
 # until the next token; a faster one is awaited directly (a verdict then waits at most one token gap,
 # and racing would cost every such token a task while a verdict is in flight)
@@ -483,7 +497,8 @@ class GuardedStream:
         timer = 1  # tokens until the next timed one: the first token awaited with verdicts in flight
         step_started = 0.0
         first: Any = _NO_TOKEN  # the source's first token, when it was asked for before start()
-        late = s.prepare_late_start()
+        fast = _fast_paths  # see set_fast_paths
+        late = fast and s.prepare_late_start()
         # a token's event: the shared one of its text where there is one (see token_event), looked up here
         shared = _TOKEN_EVENTS.get
         burst = 0  # tokens appended to the session's held list by the main loop, not yet counted by it
@@ -571,7 +586,7 @@ class GuardedStream:
                     await wait_step(step, waker, deadline - loop.time())
                     for ev in s.drain():
                         yield ev
-            if step is None and not s.judging and not hold and not s.stopped and not s.has_events:
+            if fast and step is None and not s.judging and not hold and not s.stopped and not s.has_events:
                 # nothing will judge this stream (sampled out, skipped at start), so no verdict can come
                 # and a token needs no more than the text kept for the answer span: after the first one
                 # (which accept() times) a plain token is a list append here, not a call into the session
@@ -696,7 +711,7 @@ class GuardedStream:
                         if isinstance(tok, str) and tok:
                             yield token_event(tok)
                         continue
-                    if (s._holding and tok.__class__ is str and tok and tok.isascii() and s._n_tokens
+                    if (fast and s._holding and tok.__class__ is str and tok and tok.isascii() and s._n_tokens
                             and len(tok) <= _MAX_TOKEN):
                         # a burst: the session holds its tokens for the scan its deferred work runs on the
                         # loop's next pass (see GuardSession.accept), so a token of it needs nothing else
