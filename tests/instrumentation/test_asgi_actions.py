@@ -7,13 +7,23 @@ import time
 from typing import Any
 
 import httpx
+from opentelemetry import trace as otel_trace
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from conftest import Harness
-from instrumentation.test_asgi_streams import INVENTED, Served, _sse_frames, _streams, ndjson, sse
+from instrumentation.test_asgi_streams import (
+    CONTEXT,
+    INVENTED,
+    QUESTION,
+    Served,
+    _sse_frames,
+    _streams,
+    ndjson,
+    sse,
+)
 from streamjudge import semconv
 from streamjudge.instrumentation import StreamJudgeMiddleware
 
@@ -85,3 +95,34 @@ def test_a_body_fed_stream_cannot_hold_back_and_its_span_says_so(harness: Harnes
     assert "hold_back" in stream.attributes[semconv.ACTION_ENFORCED_REASON]
     assert stream.attributes[semconv.STREAM_MODE] == "stream_first"  # what it did
     assert stream.attributes[semconv.STREAM_ANSWER] == shown
+
+
+async def _json_answer(request: Any) -> Any:
+    # what an instrumented graph does for a JSON endpoint: its answer's tokens feed the request's stream
+    from starlette.responses import JSONResponse
+
+    from streamjudge.instrumentation import _binding
+    from streamjudge.runtime import get_runtime
+
+    trace_id = otel_trace.get_current_span().get_span_context().trace_id
+    get_runtime().contexts.register(trace_id, question=QUESTION, contexts=[CONTEXT])
+    binding = _binding.lookup(trace_id)
+    assert binding is not None
+    for tok in INVENTED.split(" "):
+        binding.feed(tok + " ", "graph")
+    return JSONResponse({"answer": INVENTED})
+
+
+def test_a_json_answers_stream_span_ends_inside_its_request_span(harness: Harness) -> None:
+    rt = harness.configure(None, window_sentences=1, preflight=False)
+    app = Starlette(routes=[Route("/ask", _json_answer)], middleware=[Middleware(StreamJudgeMiddleware)])
+    server = Served(OpenTelemetryMiddleware(app, tracer_provider=rt.tracer_provider)).start()  # type: ignore[arg-type]
+    try:
+        assert httpx.get(server.url + "/ask", timeout=30).json() == {"answer": INVENTED}
+    finally:
+        server.stop()
+    (stream,) = _streams(harness)
+    spans = harness.spans()
+    request = next(s for s in spans if s.context.span_id == stream.parent.span_id)
+    assert stream.end_time <= request.end_time
+    assert stream.attributes[semconv.STREAM_ALERTS] == 1  # its last verdict still landed on it

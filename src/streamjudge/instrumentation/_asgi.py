@@ -441,6 +441,17 @@ class _HttpResponse:
             await self._send(message)
             return
         if mtype != "http.response.body" or self._mode is None:
+            if (mtype == "http.response.body" and not message.get("more_body", False)
+                    and binding.session is not None):
+                # an answer in a body that is not a stream (a JSON endpoint): its stream span ends inside
+                # the request's, whose span the body's last message ends; the client has every byte first
+                body = message.get("body", b"")
+                if body:
+                    await self._send({**message, "more_body": True})
+                await finish_stream(binding)
+                self._body_done = True
+                await self._send({**message, "body": b""} if body else message)
+                return
             await self._send(message)
             return
         body = message.get("body", b"")
