@@ -41,6 +41,7 @@ class Received:
     raw: bytes
     frames: list[Frame]
     trace_id: str
+    parent_id: str  # the client's span (the traceparent it sent): the request span's parent
 
     @property
     def tokens(self) -> list[str]:
@@ -181,25 +182,26 @@ def _render_ws(frames: list[Frame]) -> bytes:
 # --- the requests ------------------------------------------------------------------------------------
 
 def _headers(cell: str | None) -> tuple[dict[str, str], str]:
-    trace_id = secrets.token_hex(16)
-    headers = {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}
+    """A sampled traceparent of a new trace (the spans of this request are found by it) and the switch."""
+    trace = f"{secrets.token_hex(16)}-{secrets.token_hex(8)}"
+    headers = {"traceparent": f"00-{trace}-01"}
     if cell is not None:
         headers[kit.CELL_HEADER] = cell
-    return headers, trace_id
+    return headers, trace
 
 
 def _http(method: str, path: str, **kwargs: Any) -> Callable[[str, str | None], tuple[bytes, str]]:
     def call(url: str, cell: str | None) -> tuple[bytes, str]:
-        headers, trace_id = _headers(cell)
+        headers, trace = _headers(cell)
         with httpx.stream(method, url + path, headers=headers, timeout=30, **kwargs) as r:
             assert r.status_code == 200, r.status_code
-            return r.read(), trace_id
+            return r.read(), trace
     return call
 
 
 def _ws(question: str) -> Callable[[str, str | None], tuple[bytes, str]]:
     def call(url: str, cell: str | None) -> tuple[bytes, str]:
-        headers, trace_id = _headers(None)
+        headers, trace = _headers(None)
         target = url.replace("http://", "ws://") + "/ws" + (f"?cell={cell}" if cell else "")
         lines = []
         with ws_connect(target, additional_headers=headers, open_timeout=30) as ws:
@@ -209,7 +211,7 @@ def _ws(question: str) -> Callable[[str, str | None], tuple[bytes, str]]:
                 lines.append(json.dumps(message))
                 if message.get("type") == "done":
                     break
-        return ("\n".join(lines) + "\n").encode(), trace_id
+        return ("\n".join(lines) + "\n").encode(), trace
     return call
 
 
@@ -224,22 +226,26 @@ class Wire:
     fallback_in_answer: bool  # the app's answer carries the guard's fallback (the tokens come from its model)
 
     def request(self, url: str, cell: str | None) -> Received:
-        raw, trace_id = self.call(url, cell)
-        return Received(raw, self.parse(raw), trace_id)
+        raw, trace = self.call(url, cell)
+        trace_id, _, parent_id = trace.partition("-")
+        return Received(raw, self.parse(raw), trace_id, parent_id)
 
 
 def wires(question: str) -> dict[str, Wire]:
+    """Each shape's route (the four zero-code shapes share one app; the body shape has three transports)."""
     sse = _render(kit.sse_token, kit.SSE_END)
     ndjson = _render(kit.ndjson_token, kit.NDJSON_END)
+    langserve = _render(kit.langserve_token, kit.LANGSERVE_END)
+    chain_input = {"input": {"question": question, "chat_history": []}}
     return {
-        "async_graph": Wire("async_graph", _http("GET", "/chat", params={"q": question}), parse_named_sse,
-                            sse, True),
-        "sync_graph": Wire("sync_graph", _http("POST", "/ask", json={"question": question}), parse_ndjson,
-                           ndjson, True),
-        "react": Wire("react", _http("POST", "/stream", json={"message": question}), parse_data_sse,
-                      _render(kit.data_token, kit.DATA_END), True),
-        "lcel": Wire("lcel", _http("POST", "/stream", json={"input": {"question": question, "chat_history": []}}),
-                     parse_langserve, _render(kit.langserve_token, kit.LANGSERVE_END), True),
+        "async_graph": Wire("zero_code", _http("GET", "/async_graph/chat", params={"q": question}),
+                            parse_named_sse, sse, True),
+        "sync_graph": Wire("zero_code", _http("POST", "/sync_graph/ask", json={"question": question}),
+                           parse_ndjson, ndjson, True),
+        "react": Wire("zero_code", _http("POST", "/react/stream", json={"message": question}),
+                      parse_data_sse, _render(kit.data_token, kit.DATA_END), True),
+        "lcel": Wire("zero_code", _http("POST", "/lcel/stream", json=chain_input), parse_langserve, langserve,
+                     True),
         "body_sse": Wire("body", _http("GET", "/sse", params={"q": question}), parse_named_sse, sse, False),
         "body_ndjson": Wire("body", _http("GET", "/ndjson", params={"q": question}), parse_ndjson, ndjson,
                             False),

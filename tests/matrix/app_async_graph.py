@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TypedDict
 
-import uvicorn
-from _kit import CELL_HEADER, SSE_END, apply_cell, llm, port, search, sse_token
-from fastapi import FastAPI, Request
+from _kit import CELL_HEADER, SSE_END, apply_cell, llm, search, sse_token
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from langchain_core.messages import AIMessageChunk
 from langchain_core.prompts import ChatPromptTemplate
@@ -53,15 +52,11 @@ def build_graph():  # type: ignore[no-untyped-def]
 
 
 graph = build_graph()
-app = FastAPI()
+router = APIRouter(prefix="/async_graph")
 
 
-@app.get("/healthz")
-async def healthz() -> dict[str, bool]:
-    return {"ok": True}
 
-
-@app.get("/chat")
+@router.get("/chat")
 async def chat(q: str, request: Request) -> StreamingResponse:
     apply_cell(request.headers.get(CELL_HEADER))
 
@@ -73,6 +68,3 @@ async def chat(q: str, request: Request) -> StreamingResponse:
 
     return StreamingResponse(frames(), media_type="text/event-stream")
 
-
-if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=port(), log_level="warning")

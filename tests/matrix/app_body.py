@@ -5,6 +5,9 @@ registers its question and retrieved passages for the trace (what an instrumente
 and streams the same answer three ways: ``GET /sse`` (``event: token`` + JSON, ``event: end``),
 ``GET /ndjson`` (``{"type": "token", "content": ...}`` lines, ``{"type": "done"}``) and the WebSocket
 ``/ws`` (one JSON message per token, ``{"type": "done"}`` after each answer).
+
+One process serves the app twice, instrumented with client events off under ``/off`` and on under
+``/on`` (``instrument_app`` takes ``client_events`` per app).
 """
 
 from __future__ import annotations
@@ -30,13 +33,15 @@ from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 from openai import AsyncOpenAI
 from opentelemetry import trace
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Mount, Route
 
 from streamjudge import instrument_app
 from streamjudge.instrumentation import SSEFrame
 from streamjudge.runtime import get_runtime
 
 client = AsyncOpenAI(base_url=os.environ["APP_LLM_BASE_URL"], api_key="test", max_retries=0)
-app = FastAPI()
 
 
 def token_of(frame: SSEFrame) -> str | None:
@@ -60,50 +65,53 @@ async def answer(question: str) -> AsyncIterator[str]:
             yield chunk.choices[0].delta.content
 
 
-@app.get("/healthz")
-async def healthz() -> dict[str, bool]:
-    return {"ok": True}
+def build(client_events: bool) -> FastAPI:
+    """The app, instrumented with client events on or off."""
+    app = FastAPI()
+
+    @app.get("/sse")
+    async def sse(q: str, request: Request) -> StreamingResponse:
+        apply_cell(request.headers.get(CELL_HEADER))
+
+        async def frames() -> AsyncIterator[str]:
+            async for tok in answer(q):
+                yield sse_token(tok)
+            yield SSE_END
+
+        return StreamingResponse(frames(), media_type="text/event-stream")
+
+    @app.get("/ndjson")
+    async def ndjson(q: str, request: Request) -> StreamingResponse:
+        apply_cell(request.headers.get(CELL_HEADER))
+
+        async def lines() -> AsyncIterator[str]:
+            async for tok in answer(q):
+                yield ndjson_token(tok)
+            yield NDJSON_END
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @app.websocket("/ws")
+    async def ws(socket: WebSocket) -> None:
+        await socket.accept()
+        try:
+            while True:
+                request = await socket.receive_json()
+                apply_cell(socket.query_params.get("cell"))
+                async for tok in answer(request["question"]):
+                    await socket.send_json(ws_token(tok))
+                await socket.send_json(WS_END)
+        except WebSocketDisconnect:
+            return
+
+    return instrument_app(app, token_extractor=token_of, client_events=client_events)  # type: ignore[no-any-return]
 
 
-@app.get("/sse")
-async def sse(q: str, request: Request) -> StreamingResponse:
-    apply_cell(request.headers.get(CELL_HEADER))
-
-    async def frames() -> AsyncIterator[str]:
-        async for tok in answer(q):
-            yield sse_token(tok)
-        yield SSE_END
-
-    return StreamingResponse(frames(), media_type="text/event-stream")
+async def healthz(request: Request) -> JSONResponse:
+    return JSONResponse({"ok": True})
 
 
-@app.get("/ndjson")
-async def ndjson(q: str, request: Request) -> StreamingResponse:
-    apply_cell(request.headers.get(CELL_HEADER))
-
-    async def lines() -> AsyncIterator[str]:
-        async for tok in answer(q):
-            yield ndjson_token(tok)
-        yield NDJSON_END
-
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
-
-
-@app.websocket("/ws")
-async def ws(socket: WebSocket) -> None:
-    await socket.accept()
-    try:
-        while True:
-            request = await socket.receive_json()
-            apply_cell(socket.query_params.get("cell"))
-            async for tok in answer(request["question"]):
-                await socket.send_json(ws_token(tok))
-            await socket.send_json(WS_END)
-    except WebSocketDisconnect:
-        return
-
-
-instrument_app(app, token_extractor=token_of)
+root = Starlette(routes=[Route("/healthz", healthz), Mount("/off", build(False)), Mount("/on", build(True))])
 
 if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=port(), log_level="warning")
+    uvicorn.run(root, host="127.0.0.1", port=port(), log_level="warning")

@@ -11,9 +11,8 @@ from collections.abc import AsyncIterator
 from operator import itemgetter
 from typing import Any
 
-import uvicorn
-from _kit import CELL_HEADER, LANGSERVE_END, LANGSERVE_META, apply_cell, langserve_token, llm, port, search
-from fastapi import FastAPI, Request
+from _kit import CELL_HEADER, LANGSERVE_END, LANGSERVE_META, apply_cell, langserve_token, llm, search
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
@@ -48,19 +47,15 @@ standalone = RunnablePassthrough.assign(standalone_question=CONDENSE | llm() | S
 context = {"context": itemgetter("standalone_question") | KeywordRetriever() | format_docs,
            "question": itemgetter("question")}
 chain = standalone | context | ANSWER | llm() | StrOutputParser()
-app = FastAPI()
+router = APIRouter(prefix="/lcel")
 
 
 class StreamRequest(BaseModel):
     input: dict[str, Any]
 
 
-@app.get("/healthz")
-async def healthz() -> dict[str, bool]:
-    return {"ok": True}
 
-
-@app.post("/stream")
+@router.post("/stream")
 async def stream(req: StreamRequest, request: Request) -> StreamingResponse:
     apply_cell(request.headers.get(CELL_HEADER))
 
@@ -73,6 +68,3 @@ async def stream(req: StreamRequest, request: Request) -> StreamingResponse:
 
     return StreamingResponse(frames(), media_type="text/event-stream")
 
-
-if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=port(), log_level="warning")

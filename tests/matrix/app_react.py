@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import uvicorn
-from _kit import CELL_HEADER, DATA_END, apply_cell, data_token, llm, port, search
-from fastapi import FastAPI, Request
+from _kit import CELL_HEADER, DATA_END, apply_cell, data_token, llm, search
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from langchain_core.messages import AIMessageChunk
 from langchain_core.tools import tool
@@ -25,19 +24,15 @@ def retrieve(query: str) -> str:
 
 
 agent = create_react_agent(llm(), [retrieve], prompt="Answer from the knowledge base. Use the tool.")
-app = FastAPI()
+router = APIRouter(prefix="/react")
 
 
 class ChatRequest(BaseModel):
     message: str
 
 
-@app.get("/healthz")
-async def healthz() -> dict[str, bool]:
-    return {"ok": True}
 
-
-@app.post("/stream")
+@router.post("/stream")
 async def stream(req: ChatRequest, request: Request) -> StreamingResponse:
     apply_cell(request.headers.get(CELL_HEADER))
 
@@ -49,6 +44,3 @@ async def stream(req: ChatRequest, request: Request) -> StreamingResponse:
 
     return StreamingResponse(frames(), media_type="text/event-stream")
 
-
-if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=port(), log_level="warning")

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TypedDict
 
-import uvicorn
-from _kit import CELL_HEADER, NDJSON_END, apply_cell, llm, ndjson_token, port, search
-from fastapi import FastAPI, Request
+from _kit import CELL_HEADER, NDJSON_END, apply_cell, llm, ndjson_token, search
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from langchain_core.messages import AIMessageChunk
 from langchain_core.prompts import ChatPromptTemplate
@@ -54,19 +53,15 @@ def build_graph():  # type: ignore[no-untyped-def]
 
 
 graph = build_graph()
-app = FastAPI()
+router = APIRouter(prefix="/sync_graph")
 
 
 class Ask(BaseModel):
     question: str
 
 
-@app.get("/healthz")
-def healthz() -> dict[str, bool]:
-    return {"ok": True}
 
-
-@app.post("/ask")
+@router.post("/ask")
 def ask(req: Ask, request: Request) -> StreamingResponse:
     apply_cell(request.headers.get(CELL_HEADER))
 
@@ -78,6 +73,3 @@ def ask(req: Ask, request: Request) -> StreamingResponse:
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-
-if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=port(), log_level="warning")

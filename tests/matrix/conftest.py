@@ -3,7 +3,8 @@
 Every app runs as a real uvicorn process on 127.0.0.1, under ``opentelemetry-instrument`` (zero-code
 shapes) or with ``instrument_app`` in its code (the body shape), and exports its spans over OTLP/HTTP to
 the receiver. Action and mode vary per request within one process (``_kit.apply_cell``), so the whole
-matrix starts ten processes, all at once. ``MATRIX_PROCESS_PER_CELL=1`` starts one process per cell
+matrix starts three processes, all at once: the four zero-code shapes share one app (per client-events
+setting), and the body shape serves both settings from one process. ``MATRIX_PROCESS_PER_CELL=1`` starts one process per cell
 instead, configured only by ``STREAMJUDGE_ACTION`` / ``STREAMJUDGE_MODE`` (slow: to check that the
 per-request switch changes nothing).
 
@@ -14,7 +15,6 @@ guard's regenerate instruction it continues with a grounded sentence (:data:`CON
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -37,7 +37,8 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 QUESTION = "How tall is the Eiffel Tower?"
 GROUNDED = "The Eiffel Tower is 330 metres tall."
-FABRICATED = "It was designed by Napoleon Bonaparte in 1750."
+INVENTED_NAME = "Napoleon Bonaparte"  # not in any passage: the local judge fails its sentence
+FABRICATED = f"It was designed by {INVENTED_NAME} in 1750."
 AFTER = "It was completed in 1889 for the World's Fair."
 ANSWER = f"{GROUNDED} {FABRICATED} {AFTER}"
 CONTINUATION = " It is in Paris."
@@ -62,21 +63,20 @@ def app_model(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
-class Shape:
-    """How one app shape is run: its script, whether zero-code, its own settings."""
+class Process:
+    """How one app process is run: its script, whether zero-code, its own settings, and whether it serves
+    both client-events settings itself (under ``/off`` and ``/on``) or runs once per setting."""
 
     script: str
     zero_code: bool = True
     settings: dict[str, str] = field(default_factory=dict)
+    events_in_path: bool = False
 
 
-#: one process each (per client-events value); the body shape serves three transports
-PROCESSES: dict[str, Shape] = {
-    "async_graph": Shape("app_async_graph.py", settings={"answer_nodes": "generate"}),
-    "sync_graph": Shape("app_sync_graph.py", settings={"answer_nodes": "generate"}),
-    "react": Shape("app_react.py", settings={"answer_nodes": "agent"}),
-    "lcel": Shape("app_lcel.py"),
-    "body": Shape("app_body.py", zero_code=False),
+PROCESSES: dict[str, Process] = {
+    # the graph shapes' answer node is ``generate``, the agent's ``agent``; the chain has none
+    "zero_code": Process("app_zero_code.py", settings={"answer_nodes": "generate,agent"}),
+    "body": Process("app_body.py", zero_code=False, events_in_path=True),
 }
 
 
@@ -107,13 +107,16 @@ def _env(llm: ScriptedLLMServer, receiver: OTLPReceiver, port: int, settings: di
         "OTEL_LOGS_EXPORTER": "none",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
         "STREAMJUDGE_JUDGE": "local",
+        # a verdict later than the end wait releases held text unjudged: on a loaded machine that must not
+        # decide a cell (the wait ends as soon as the verdicts are in)
+        "STREAMJUDGE_END_WAIT": "10",
         "PYTHONWARNINGS": "ignore",
     })
     env.update({f"STREAMJUDGE_{k.upper()}": v for k, v in settings.items()})
     return env
 
 
-def _spawn(shape: Shape, llm: ScriptedLLMServer, receiver: OTLPReceiver, settings: dict[str, str]) -> App:
+def _spawn(shape: Process, llm: ScriptedLLMServer, receiver: OTLPReceiver, settings: dict[str, str]) -> App:
     port = _free_port()
     cmd = [str(BIN / "python"), str(HERE / shape.script)]
     if shape.zero_code:
@@ -138,10 +141,12 @@ def _wait_ready(app: App, script: str) -> None:
             time.sleep(0.1)
 
 
-def _stop(app: App) -> str:
+def _stop(app: App, *, signalled: bool = False) -> str:
+    """Stop ``app`` (one SIGINT: a second one makes uvicorn quit without its graceful shutdown)."""
     proc = app.proc
     if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
+        if not signalled:
+            proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
@@ -162,32 +167,36 @@ class Apps:
     def start_all(self) -> None:
         """Start the shared processes at once: their start-ups overlap."""
         started = {}
-        for name, shape in PROCESSES.items():
-            for events in ("off", "on"):
-                started[(name, events)] = _spawn(shape, self._llm, self._receiver, {"client_events": events})
+        for name, process in PROCESSES.items():
+            for events in ("on",) if process.events_in_path else ("off", "on"):
+                started[(name, events)] = _spawn(process, self._llm, self._receiver, {"client_events": events})
         try:
             for key, app in started.items():
                 _wait_ready(app, PROCESSES[key[0]].script)
         finally:
             self._running.update(started)
 
-    def get(self, process: str, action: str, mode: str, events: str) -> tuple[App, str | None]:
-        """The app for this cell and the cell switch to send (None: the process runs only this cell)."""
+    def get(self, process: str, action: str, mode: str, events: str) -> tuple[str, str | None]:
+        """The base URL serving this cell and the cell switch to send (None: the process runs only it)."""
+        served = PROCESSES[process]
+        prefix = f"/{events}" if served.events_in_path else ""
         if not PER_CELL:
-            return self._running[(process, events)], f"{action},{mode}"
+            app = self._running[(process, "on" if served.events_in_path else events)]
+            return app.url + prefix, f"{action},{mode}"
         key = (process, action, mode, events)
-        for old in [k for k in self._running if k != key]:
-            self.outputs[old] = _stop(self._running.pop(old))
-        if key not in self._running:
-            app = _spawn(PROCESSES[process], self._llm, self._receiver,
-                         {"client_events": events, "action": action, "mode": mode})
-            self._running[key] = app
-            _wait_ready(app, PROCESSES[process].script)
-        return self._running[key], None
+        self.stop_all()
+        app = _spawn(served, self._llm, self._receiver, {"client_events": events, "action": action, "mode": mode})
+        self._running[key] = app
+        _wait_ready(app, served.script)
+        return app.url + prefix, None
 
     def stop_all(self) -> None:
+        """SIGINT to every process first, then wait: their drains overlap."""
+        for app in self._running.values():
+            if app.proc.poll() is None:
+                app.proc.send_signal(signal.SIGINT)
         for key, app in list(self._running.items()):
-            self.outputs[key] = _stop(app)
+            self.outputs[key] = _stop(app, signalled=True)
         self._running.clear()
 
 
@@ -221,10 +230,7 @@ def matrix_apps(matrix_llm: ScriptedLLMServer, matrix_receiver: OTLPReceiver) ->
         yield apps
     finally:
         apps.stop_all()
-        for key, out in apps.outputs.items():
-            assert "Traceback" not in out, (key, out)
-
-
-@contextlib.contextmanager
-def nothing() -> Iterator[None]:
-    yield
+        broken = {key: out for key, out in apps.outputs.items() if "Traceback" in out}
+        if broken:
+            pytest.fail("an app process logged a traceback:\n" + "\n".join(f"{k}:\n{o}" for k, o in broken.items()),
+                        pytrace=False)
