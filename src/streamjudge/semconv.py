@@ -187,3 +187,7 @@ METRIC_ATTR_STATUS: Final = "status"
 # --- export failures (span exporters streamjudge creates or takes over) ----------------------------
 METRIC_EXPORT_FAILURES: Final = "streamjudge.export.failures"  # spans an exporter failed to deliver
 METRIC_ATTR_EXPORTER: Final = "exporter"
+
+# --- `streamjudge worker` receivers: requests refused or cut short, by reason ----------------------
+# (too_large, bad_request, unauthorized, busy, aborted, timeout, tls)
+METRIC_WORKER_REQUESTS_REJECTED: Final = "streamjudge.worker.requests.rejected"
