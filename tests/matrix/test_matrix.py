@@ -71,35 +71,6 @@ ENFORCED_REASON = getattr(semconv, "ACTION_ENFORCED_REASON", "streamjudge.action
 FAILING_TODAY: dict[tuple[str, str, str, str], str] = {
     # (d) LangChain without LangGraph: no stream span, nothing judged, no action
     ("lcel", "*", "*", "*"): "LCEL chain not judged: no stream span",
-    # (a) async graph node and (c) ReAct agent: the model tap drives the guard
-    ("async_graph", "stop", "stream_first", "off"): "span answer lacks the fallback the client received",
-    ("async_graph", "stop", "stream_first", "on"): "app's terminal frame dropped; span answer lacks the fallback",
-    ("async_graph", "stop", "hold_back", "off"): "grounded sentence of the failing window withheld (client "
-        "gets only the fallback); span answer holds the invented sentence the client never saw",
-    ("async_graph", "stop", "hold_back", "on"): "app's terminal frame dropped; grounded sentence withheld",
-    ("async_graph", "regenerate", "stream_first", "off"): "span answer is the retracted text, but with client "
-        "events off the client kept the invented sentence",
-    ("async_graph", "regenerate", "hold_back", "*"): "grounded sentence withheld: re-prompted from an empty "
-        "prefix, the client gets only the continuation",
-    ("react", "stop", "stream_first", "off"): "span answer lacks the fallback the client received",
-    ("react", "stop", "stream_first", "on"): "app's terminal frame dropped; span answer lacks the fallback",
-    ("react", "stop", "hold_back", "off"): "grounded sentence of the failing window withheld (client gets only "
-        "the fallback); span answer holds the invented sentence the client never saw",
-    ("react", "stop", "hold_back", "on"): "app's terminal frame dropped; grounded sentence withheld",
-    ("react", "regenerate", "stream_first", "off"): "span answer is the retracted text, but with client events "
-        "off the client kept the invented sentence",
-    ("react", "regenerate", "hold_back", "*"): "grounded sentence withheld: re-prompted from an empty prefix, "
-        "the client gets only the continuation",
-    # (b) sync graph node: the sync model call is not tapped
-    ("sync_graph", "stop", "*", "off"): "stop not enforced: whole answer delivered, invented sentence included",
-    ("sync_graph", "stop", "*", "on"): "app's terminal frame dropped; invented sentence delivered",
-    ("sync_graph", "regenerate", "*", "*"): "no regeneration (verdict flagged) and no enforced=false",
-    # (e) body-fed streams (instrument_app + token_extractor)
-    ("body_*", "*", "hold_back", "*"): "a body cannot hold back, and the span does not say enforced=false",
-    ("body_*", "regenerate", "*", "*"): "a body cannot regenerate, and the span does not say enforced=false",
-    ("body_sse", "stop", "stream_first", "on"): "app's terminal frame dropped",
-    ("body_ndjson", "stop", "stream_first", "on"): "app's terminal frame dropped",
-    ("body_ws", "stop", "stream_first", "off"): "stop not enforced on the socket, span answer says it was",
 }
 
 
