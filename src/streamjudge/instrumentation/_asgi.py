@@ -409,8 +409,9 @@ class _HttpResponse:
             # the last verdicts (which land on the span; nothing is sent)
             if body:
                 await self._send({**message, "more_body": True})
-            await finish_stream(binding)
+            # the app's answer is complete: a client that leaves now (at the app's terminal frame) has it all
             self._body_done = True
+            await finish_stream(binding)
             await self._send({**message, "body": b""} if body else message)
             return
         await self._send(message)
@@ -451,8 +452,8 @@ class _HttpResponse:
                 body = message.get("body", b"")
                 if body:
                     await self._send({**message, "more_body": True})
-                await finish_stream(binding)
                 self._body_done = True
+                await finish_stream(binding)
                 await self._send({**message, "body": b""} if body else message)
                 return
             await self._send(message)
