@@ -36,7 +36,8 @@ class Frame:
 
 @dataclass
 class Received:
-    """One request's result: the raw body (WebSocket: the JSON messages, one a line) and its frames."""
+    """One request's result: the raw body (WebSocket: the text of its messages, one a line) and its
+    frames."""
 
     raw: bytes
     frames: list[Frame]
@@ -167,13 +168,18 @@ def _render(token: Callable[[str], str], terminal: str) -> Callable[[list[Frame]
     return render
 
 
+def _ws_text(message: dict[str, str]) -> str:
+    # how the app's ``send_json`` (Starlette's) encodes a message
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+
+
 def _render_ws(frames: list[Frame]) -> bytes:
     out = []
     for f in frames:
         if f.kind == "token":
-            out.append(json.dumps(kit.ws_token(f.text)) + "\n")
+            out.append(_ws_text(kit.ws_token(f.text)) + "\n")
         elif f.kind == "terminal":
-            out.append(json.dumps(kit.WS_END) + "\n")
+            out.append(_ws_text(kit.WS_END) + "\n")
         else:
             raise AssertionError(f"not an app frame: {f}")
     return "".join(out).encode()
@@ -207,9 +213,9 @@ def _ws(question: str) -> Callable[[str, str | None], tuple[bytes, str]]:
         with ws_connect(target, additional_headers=headers, open_timeout=30) as ws:
             ws.send(json.dumps({"question": question}))
             while True:  # one answer: up to the app's terminal message
-                message = json.loads(ws.recv(timeout=30))
-                lines.append(json.dumps(message))
-                if message.get("type") == "done":
+                text = str(ws.recv(timeout=30))
+                lines.append(text)
+                if json.loads(text).get("type") == "done":
                     break
         return ("\n".join(lines) + "\n").encode(), trace
     return call

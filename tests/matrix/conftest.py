@@ -1,18 +1,18 @@
-"""The matrix's processes: one scripted model, one OTLP receiver, one app process per (shape, client events).
+"""The matrix's processes: one scripted model, one OTLP receiver, three app processes.
 
 Every app runs as a real uvicorn process on 127.0.0.1, under ``opentelemetry-instrument`` (zero-code
 shapes) or with ``instrument_app`` in its code (the body shape), and exports its spans over OTLP/HTTP to
-the receiver. Action and mode vary per request within one process (``_kit.apply_cell``), so the whole
-matrix starts three processes, all at once: the four zero-code shapes share one app (per client-events
-setting), and the body shape serves both settings from one process. ``MATRIX_PROCESS_PER_CELL=1`` starts one process per cell
-instead, configured only by ``STREAMJUDGE_ACTION`` / ``STREAMJUDGE_MODE`` (slow: to check that the
-per-request switch changes nothing).
+the receiver. Action and mode vary per request within one process (``_kit.apply_cell``); client events
+are fixed when an app is instrumented, so the four zero-code shapes share one app run once per
+client-events setting, and the body app is instrumented twice in one process (``/off`` and ``/on``).
+The three start together. ``MATRIX_PROCESS_PER_CELL=1`` starts one process per cell instead, configured
+only by ``STREAMJUDGE_ACTION`` / ``STREAMJUDGE_MODE`` / ``STREAMJUDGE_CLIENT_EVENTS`` (slow: it checks
+that the per-request switch changes nothing).
 
 The app's model answers in three sentences, the second invented (:data:`FABRICATED`: a name and a year
 the passage does not hold), so the local judge fails that sentence and only it; asked again with the
 guard's regenerate instruction it continues with a grounded sentence (:data:`CONTINUATION`).
 """
-
 from __future__ import annotations
 
 import os
@@ -20,11 +20,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import pytest
@@ -84,6 +85,13 @@ PROCESSES: dict[str, Process] = {
 class App:
     proc: subprocess.Popen[str]
     port: int
+    log: IO[str]  # the process's output: a file, so a chatty app never blocks on a full pipe
+
+    def output(self) -> str:
+        self.log.seek(0)
+        out = self.log.read()
+        self.log.close()
+        return out
 
     @property
     def url(self) -> str:
@@ -96,7 +104,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _env(llm: ScriptedLLMServer, receiver: OTLPReceiver, port: int, settings: dict[str, str]) -> dict[str, str]:
+def _env(llm: ScriptedLLMServer, receiver: OTLPReceiver, port: int, settings: dict[str, str]
+         ) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMJUDGE_", "OTEL_"))}
     env.update({
         "APP_LLM_BASE_URL": llm.openai_base_url,
@@ -116,22 +125,22 @@ def _env(llm: ScriptedLLMServer, receiver: OTLPReceiver, port: int, settings: di
     return env
 
 
-def _spawn(shape: Process, llm: ScriptedLLMServer, receiver: OTLPReceiver, settings: dict[str, str]) -> App:
+def _spawn(process: Process, llm: ScriptedLLMServer, receiver: OTLPReceiver, settings: dict[str, str]) -> App:
     port = _free_port()
-    cmd = [str(BIN / "python"), str(HERE / shape.script)]
-    if shape.zero_code:
+    cmd = [str(BIN / "python"), str(HERE / process.script)]
+    if process.zero_code:
         cmd = [str(BIN / "opentelemetry-instrument"), *cmd]
-    proc = subprocess.Popen(cmd, env=_env(llm, receiver, port, {**shape.settings, **settings}), cwd=HERE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return App(proc, port)
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed by App.output, when the process ended
+    proc = subprocess.Popen(cmd, env=_env(llm, receiver, port, {**process.settings, **settings}), cwd=HERE,
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    return App(proc, port, log)
 
 
 def _wait_ready(app: App, script: str) -> None:
     deadline = time.monotonic() + 120
     while True:
         if app.proc.poll() is not None:
-            out = app.proc.stdout.read() if app.proc.stdout else ""
-            raise AssertionError(f"{script} exited early:\n{out}")
+            raise AssertionError(f"{script} exited early:\n{app.output()}")
         try:
             httpx.get(f"{app.url}/healthz", timeout=1)
             return
@@ -152,7 +161,7 @@ def _stop(app: App, *, signalled: bool = False) -> str:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return proc.stdout.read() if proc.stdout else ""
+    return app.output()
 
 
 class Apps:
@@ -185,7 +194,8 @@ class Apps:
             return app.url + prefix, f"{action},{mode}"
         key = (process, action, mode, events)
         self.stop_all()
-        app = _spawn(served, self._llm, self._receiver, {"client_events": events, "action": action, "mode": mode})
+        app = _spawn(served, self._llm, self._receiver,
+                     {"client_events": events, "action": action, "mode": mode})
         self._running[key] = app
         _wait_ready(app, served.script)
         return app.url + prefix, None
@@ -232,5 +242,5 @@ def matrix_apps(matrix_llm: ScriptedLLMServer, matrix_receiver: OTLPReceiver) ->
         apps.stop_all()
         broken = {key: out for key, out in apps.outputs.items() if "Traceback" in out}
         if broken:
-            pytest.fail("an app process logged a traceback:\n" + "\n".join(f"{k}:\n{o}" for k, o in broken.items()),
-                        pytrace=False)
+            report = "\n".join(f"{k}:\n{o}" for k, o in broken.items())
+            pytest.fail(f"an app process logged a traceback:\n{report}", pytrace=False)

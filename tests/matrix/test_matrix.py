@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -63,14 +64,14 @@ MODES = ("stream_first", "hold_back")
 EVENTS = ("off", "on")
 WIRES = wires(QUESTION)
 STREAM_SPAN_GRACE_S = 3.0
+# MATRIX_IGNORE_TABLE=1: every cell runs as a plain test, to see why the listed ones fail
+SHOW_ALL = os.environ.get("MATRIX_IGNORE_TABLE") == "1"
 # the attribute a shape sets when it cannot enforce the action (with its reason beside it)
 ENFORCED = getattr(semconv, "ACTION_ENFORCED", "streamjudge.action.enforced")
 ENFORCED_REASON = getattr(semconv, "ACTION_ENFORCED_REASON", "streamjudge.action.enforced.reason")
 
 #: (shape, action, mode, client events) -> why the cell fails on today's code (glob patterns: "*" is any)
 FAILING_TODAY: dict[tuple[str, str, str, str], str] = {
-    # (d) LangChain without LangGraph: no stream span, nothing judged, no action
-    ("lcel", "*", "*", "*"): "LCEL chain not judged: no stream span",
 }
 
 
@@ -127,7 +128,7 @@ def _cells() -> list[object]:
         for action in ACTIONS:
             for mode in MODES:
                 for events in EVENTS:
-                    reason = _failing(shape, action, mode, events)
+                    reason = None if SHOW_ALL else _failing(shape, action, mode, events)
                     marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
                     out.append(pytest.param(shape, action, mode, events, marks=marks,
                                             id=f"{shape}-{action}-{mode}-events_{events}"))
