@@ -28,8 +28,8 @@ first sentence and the invented second, and the verdict names the second only. W
   must show what the stand-in promises (a body-fed stream runs hold-back as stream-first, and flags where
   it was asked to regenerate).
 
-:data:`FAILING_TODAY` is the one table of cells that fail on today's code (strict xfail: a cell that
-starts passing fails until its entry is removed).
+:data:`FAILING_TODAY` is the one table of cells that fail (strict xfail: a cell that starts passing
+fails until its entry is removed); it is empty.
 """
 
 from __future__ import annotations
@@ -70,13 +70,8 @@ SHOW_ALL = os.environ.get("MATRIX_IGNORE_TABLE") == "1"
 ENFORCED = getattr(semconv, "ACTION_ENFORCED", "streamjudge.action.enforced")
 ENFORCED_REASON = getattr(semconv, "ACTION_ENFORCED_REASON", "streamjudge.action.enforced.reason")
 
-#: (shape, action, mode, client events) -> why the cell fails on today's code (glob patterns: "*" is any)
-FAILING_TODAY: dict[tuple[str, str, str, str], str] = {
-    # (d) LangChain without LangGraph: the retraction reaches the wrapper after the continuation's first
-    # frame (the wrapper sends the guard's events after the frame it forwards), so the client's text loses
-    # that frame's word
-    ("lcel", "regenerate", "stream_first", "on"): "the retract follows the continuation's first frame",
-}
+#: (shape, action, mode, client events) -> why the cell fails (glob patterns: "*" is any); every cell passes
+FAILING_TODAY: dict[tuple[str, str, str, str], str] = {}
 
 
 #: what a shape cannot enforce, as the stream core declares it (docs/stream-core.md): (shape, action, mode)

@@ -12,13 +12,14 @@ nothing; an answer the graph produced for it is still judged.
 By default the client receives exactly the app's bytes, message by message: the stream's last verdicts
 are awaited after the body ended. With ``client_events`` on, the guard's ``warning`` / ``retract`` /
 ``stop`` events are injected between the app's frames in its own format (a hook decides how; whole
-frames only, so the bytes of a frame split across chunks go out when it is complete), and the app's
-terminal frame (``event: done``, ``data: [DONE]``, a ``{"type": "done"}`` line …; ``terminal_frames``) is
-held back until the tail checkpoint was judged (bounded by ``end_wait_s``) and its events were sent. A stop
-of a body-fed stream drops the rest of the app's answer up to its terminal frame, which still goes out
-(a stream the graph feeds was stopped where its tokens are born); a client that disconnects ends the
-stream span with ``disconnected`` and cancels its queued judge work. The stream span ends before the
-body's last message, which ends the request's span.
+frames only, so the bytes of a frame split across chunks go out when it is complete; a ``retract`` goes out
+after the SSE frames that carry the text it withdraws and before the first one past it, see ``_order``),
+and the app's terminal frame (``event: done``, ``data: [DONE]``, a ``{"type": "done"}`` line …;
+``terminal_frames``) is held back until the tail checkpoint was judged (bounded by ``end_wait_s``) and
+its events were sent. A stop of a body-fed stream drops the rest of the app's answer up to its terminal
+frame, which still goes out (a stream the graph feeds was stopped where its tokens are born); a client that
+disconnects ends the stream span with ``disconnected`` and cancels its queued judge work. The stream span
+ends before the body's last message, which ends the request's span.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ from opentelemetry import trace
 from streamjudge.config import DEFAULT_ROUTES_EXCLUDE, DEFAULT_TERMINAL_FRAMES
 from streamjudge.instrumentation import _binding
 from streamjudge.instrumentation._binding import StreamBinding
+from streamjudge.instrumentation._order import EventOrder
 from streamjudge.instrumentation._privacy import hide_query
 from streamjudge.instrumentation._sse import (
     DEFAULT_TOKEN_EVENTS,
     DONE_EVENTS,
+    SSEFrame,
     SSEParser,
     TerminalFrames,
     TokenExtractor,
@@ -320,6 +323,8 @@ class _HttpResponse:
         self._body_done = False  # the last body message went out
         self._sse_style: FrameKind = "sse"  # "sse-data" once the app's first frame turns out data-only
         self._styled = False
+        # a retraction goes out between the frames that carry the text it withdraws and the next ones
+        self._order = EventOrder()
 
     async def _send_body(self, body: bytes, more: bool) -> None:
         await self._send({"type": "http.response.body", "body": body, "more_body": more})
@@ -330,6 +335,40 @@ class _HttpResponse:
             body = frame.encode() if isinstance(frame, str) else frame
             if isinstance(body, bytes | bytearray):
                 await self._send_body(bytes(body), True)
+
+    def _frame_text(self, frame: SSEFrame) -> str:
+        # the answer chars a frame carries, to place retractions by offset; langserve writes each chunk as
+        # a JSON string under an event name that is no token event
+        tok = self._extract(frame)
+        if tok is None and frame.data[:1] == '"':
+            try:
+                value = json.loads(frame.data)
+            except ValueError:
+                return ""
+            return value if isinstance(value, str) else ""
+        return tok or ""
+
+    async def _forward(self, complete: bytes, texts: list[str], ends: list[int]) -> None:
+        # the whole frames of ``complete`` (``texts``: the answer chars of each, ``ends``: where each ends);
+        # a retraction whose text all went out goes before the next frame that carries answer chars
+        binding, order = self._binding, self._order
+        start = sent = 0
+        for text, end in zip(texts, ends, strict=True):
+            if end > len(complete):
+                break
+            if text:
+                if binding.has_events:
+                    order.add(binding.take_events())
+                early = order.due(before_frame=True)
+                if early:
+                    if start > sent:
+                        await self._send_body(complete[sent:start], True)
+                        sent = start
+                    await self._send_events(early)
+                order.sent(len(text))
+            start = end
+        if len(complete) > sent:
+            await self._send_body(complete[sent:], True)
 
     async def _swallowed(self, body: bytes, more: bool) -> None:
         # the rest of a stopped answer: nothing of it goes out but the app's terminal frame (and what
@@ -349,7 +388,7 @@ class _HttpResponse:
             return
         self._swallow = False
         if self._binding.session is not None:
-            await self._send_events(await finish_stream(self._binding))
+            await self._send_events(self._order.flush(await finish_stream(self._binding)))
         self._body_done = not more
         await self._send_body(tail, more)
 
@@ -462,15 +501,20 @@ class _HttpResponse:
         more = message.get("more_body", False)
         parser = self._parser
         at = -1  # where the app's terminal frame starts in ``complete``
+        texts: list[str] = []  # the answer chars of each whole frame, which ends at ``ends``
+        ends: list[int] = []
         if parser is not None:
-            # the graph's callbacks deliver the tokens: frames are parsed only to find the terminal one
-            from_body = binding.source != "graph"
-            complete, frames, at = parser.feed_split(body, from_body) if body else (b"", [], -1)
-            if from_body:
-                for f in frames:
-                    tok = self._extract(f)
+            # where the graph's callbacks deliver the tokens, frames are read only to find the terminal one
+            # and to know which chars each carries (see _forward)
+            complete, frames, at = parser.feed_split(body, True) if body else (b"", [], -1)
+            ends = parser.ends if body else []
+            if binding.source != "graph":
+                texts = [self._extract(f) or "" for f in frames]
+                for tok in texts:
                     if tok:
                         binding.feed(tok, "body")
+            else:
+                texts = [self._frame_text(f) for f in frames]
         elif self._mode == "ndjson":
             complete, at = self._split_ndjson(bytes(body)) if body else (b"", -1)
         else:
@@ -479,11 +523,13 @@ class _HttpResponse:
                 binding.feed(complete.decode("utf-8", "replace"), "body")
         if at < 0 and more:
             # the hot path: forward whole frames, then whatever the guard has to say
-            if complete:
-                await self._send_body(complete, True)
+            await self._forward(complete, texts, ends)
             # never inside an app frame that is still passing through (one over the parser's cap)
-            if binding.has_events and not (parser is not None and parser.pending):
-                await self._send_events(binding.take_events())
+            if not (parser is not None and parser.pending):
+                if binding.has_events:
+                    self._order.add(binding.take_events())
+                if self._order.held:
+                    await self._send_events(self._order.due())
             self._check_stop()
             return
         # the app's terminal frame or the body's end: the stream's last events go out before either
@@ -493,12 +539,14 @@ class _HttpResponse:
         if not more:
             held += parser.flush() if parser is not None else self._line_buf
             self._line_buf = b""
-        if complete:
-            await self._send_body(complete, True)
+        await self._forward(complete, texts, ends)
         if binding.session is not None:
-            await self._send_events(await finish_stream(binding))
-        elif at >= 0:
-            binding.finish()  # the answer is over: later frames start nothing new
+            await self._send_events(self._order.flush(await finish_stream(binding)))
+        else:
+            events = binding.take_events()
+            if at >= 0:
+                binding.finish()  # the answer is over: later frames start nothing new
+            await self._send_events(self._order.flush(events))
         if held or not more:
             self._body_done = not more
             await self._send_body(held, more)

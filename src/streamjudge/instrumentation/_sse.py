@@ -112,8 +112,8 @@ class SSEParser:
     grow the buffer. ``scanned`` counts the bytes searched and copied, for tests and benchmarks.
     """
 
-    __slots__ = ("_buf", "_ctx", "_max_frame", "_maybe_terminal", "_overflow", "_terminal", "scanned",
-                 "skipped")
+    __slots__ = ("_buf", "_ctx", "_max_frame", "_maybe_terminal", "_overflow", "_terminal", "ends",
+                 "scanned", "skipped")
 
     def __init__(
         self,
@@ -134,6 +134,8 @@ class SSEParser:
         self.skipped: dict[str, int] = {}
         #: bytes searched for frame ends and copied, since the start
         self.scanned = 0
+        #: where in the last :meth:`feed_split`'s ``complete`` each of its returned frames ends
+        self.ends: list[int] = []
 
     def feed(self, chunk: bytes | str) -> list[SSEFrame]:
         """Frames completed by ``chunk`` (possibly none)."""
@@ -148,7 +150,9 @@ class SSEParser:
         needs ``complete`` and ``terminal_at`` (its tokens come from elsewhere), so frames that cannot be
         terminal are not parsed and the returned list holds only those that were. While a frame over
         ``max_frame_bytes`` passes through, ``complete`` ends inside it (:attr:`pending` is true).
+        :attr:`ends` holds, per returned frame, where it ends in ``complete``.
         """
+        self.ends = []
         data = chunk.encode() if isinstance(chunk, str) else chunk
         if data.__class__ is not bytes:
             data = bytes(data)
@@ -210,6 +214,7 @@ class SSEParser:
                     frame = _parse_block(text)
                     if frame is not None:
                         out.append(frame)
+                        self.ends.append(nxt)
                         if terminal_at < 0 and terminal is not None and terminal(frame):
                             terminal_at = start
             start = pos = nxt
@@ -255,6 +260,7 @@ class SSEParser:
         self._ctx = b""
         head = data[:cut]
         complete, out, at = self.feed_split(data[cut:], frames)
+        self.ends = [end + len(head) for end in self.ends]
         return head + complete, out, at + len(head) if at >= 0 else -1
 
     def _skip(self, reason: str) -> None:
