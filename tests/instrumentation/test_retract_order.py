@@ -143,3 +143,4 @@ def test_events_after_a_pending_retraction_keep_their_place_behind_it() -> None:
     assert [e.type for e in order.due(before_frame=True)] == ["retract"]
     assert order.chars == KEEP
     assert [e.type for e in order.due()] == ["stop"]
+

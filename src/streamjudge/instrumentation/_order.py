@@ -33,8 +33,10 @@ class EventOrder:
     taken from the stream, :meth:`sent` after each frame with the answer chars it carried, and send
     :meth:`due` before a frame that carries chars (``before_frame=True``) and after frames.
 
-    While no frame has carried answer chars (the wrapper cannot read the app's tokens), nothing is held:
-    the events go out in arrival order.
+    While no frame has carried answer chars, nothing is held after a frame: the events go out in arrival
+    order, as they must where the wrapper cannot read the app's tokens (NDJSON, an SSE format it does not
+    know). A retraction made before the app's first token frame went out therefore goes after the next frame
+    when that frame carries no answer chars (a metadata frame), wherever its text is.
     """
 
     __slots__ = ("_held", "chars", "counting")
@@ -77,7 +79,8 @@ class EventOrder:
             bounds = _bounds(event)
             if bounds is None:
                 continue
-            if self.counting and bounds[1] > chars:
+            # before a frame that carries chars, offsets are known even if it is the first such frame
+            if (self.counting or before_frame) and bounds[1] > chars:
                 if not before_frame:
                     cut = i
                 break
