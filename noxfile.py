@@ -44,8 +44,9 @@ CORNERS: dict[str, tuple[str, list[str]]] = {
     # the oldest of every range in pyproject.toml
     "oldest": (_LEAN, [
         *_otel("1.38.0", "0.59b0"),
-        "langchain-core==0.3.0", "langgraph==0.2.20", "openinference-instrumentation-langchain==0.1.50",
+        "langchain-core==0.3.0", "langgraph==0.2.40", "openinference-instrumentation-langchain==0.1.50",
         "langchain-openai==0.2.0", "fastapi==0.110.0", "starlette==0.36.3", "sse-starlette==1.8.2",
+        "httpx==0.27.2",  # also what starlette 0.36's TestClient needs (httpx 0.28 dropped its `app`)
     ]),
     # the SDK minors with the processors' ending hook and span metrics but no random trace-id flag
     "otel-1.41": (_LEAN, _otel("1.41.0", "0.62b0")),
