@@ -11,14 +11,14 @@ import httpx
 import pytest
 from opentelemetry import trace
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-import streamjudge
 from conftest import Harness
 from streamjudge import semconv
-from streamjudge.instrumentation import uninstrument_app
+from streamjudge.instrumentation import StreamJudgeMiddleware
 from streamjudge.instrumentation._sse import (
     JSONLinesParser,
     SSEFrame,
@@ -93,9 +93,9 @@ async def ndjson(request: Request) -> StreamingResponse:
 @pytest.mark.parametrize("path", ["/sse", "/langserve", "/ndjson"])
 def test_the_judged_answer_of_a_json_string_body_has_no_quotes(harness: Harness, path: str) -> None:
     harness.configure(None)  # the local judge
-    app = streamjudge.instrument_app(Starlette(routes=[
+    app = Starlette(routes=[
         Route("/sse", sse_unnamed), Route("/langserve", sse_langserve), Route("/ndjson", ndjson),
-    ]))
+    ], middleware=[Middleware(StreamJudgeMiddleware)])
 
     async def go() -> str:
         transport = httpx.ASGITransport(app=app)
@@ -103,10 +103,7 @@ def test_the_judged_answer_of_a_json_string_body_has_no_quotes(harness: Harness,
             r = await client.get(path)
             return r.text
 
-    try:
-        text = asyncio.run(go())
-    finally:
-        uninstrument_app(app)
+    text = asyncio.run(go())
     assert json.dumps("Harrison") in text  # the client's bytes are the app's, quotes included
     streams = [s for s in harness.spans()
                if (s.attributes or {}).get(semconv.SPAN_TYPE) == semconv.SPAN_TYPE_STREAM]
