@@ -5,9 +5,9 @@
 ``~/.cache/streamjudge/nox`` (outside the repository), kept between runs (pip brings it to the
 pins each time), and runs:
 
-- the unit tests (``-m "not integration"``);
 - the zero-code smoke check: the example app served under ``opentelemetry-instrument`` with streamjudge's
-  distro, answers streamed at it over HTTP and judged (``tests/test_demo.py``'s end-to-end test).
+  distro, answers streamed at it over HTTP and judged (``tests/test_demo.py``'s end-to-end test);
+- the unit tests (``-m "not integration"``).
 
 The ranges and the last results are in docs/compatibility.md.
 """
@@ -70,9 +70,10 @@ def corner(session: nox.Session, corner: str) -> None:
     session.install("-e", f"{ROOT}[{extras}]", *pins)
     session.run("python", "-c", _VERSIONS, silent=False)
     pytest = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider")
-    session.run(*pytest, "-m", "not integration", *session.posargs)
+    # the smoke check first: it is short, and its answer matters even when a unit test fails
     session.run(*pytest, "-m", "integration", "tests/test_demo.py::"
                 "test_demo_serves_the_example_app_and_summarises_each_request_from_its_spans")
+    session.run(*pytest, "-m", "not integration", *session.posargs)
 
 
 # prints the versions a corner resolved to, for the matrix in docs/compatibility.md
