@@ -490,15 +490,18 @@ class _LossMetrics:
     def register_queue_size(self, get_queue_size: Callable[[], int]) -> None:
         self.inner.register_queue_size(get_queue_size)
 
-    def drop_items(self, count: int, error_type: str = "queue_full") -> None:
+    # the SDK's arguments are passed on as given: 1.40-1.41 call drop_items(count) and
+    # finish_items(count, error), later ones drop_items(count, error_type) and finish_items(count)
+    def drop_items(self, count: int, *args: Any, **kwargs: Any) -> None:
+        error_type = args[0] if args else kwargs.get("error_type", "queue_full")
         try:
             if error_type != "queue_full" or self.queue_full:
                 self.on_lost(count, error_type)
         finally:
-            self.inner.drop_items(count, error_type)
+            self.inner.drop_items(count, *args, **kwargs)
 
-    def finish_items(self, count: int) -> None:
-        self.inner.finish_items(count)
+    def finish_items(self, count: int, *args: Any, **kwargs: Any) -> None:
+        self.inner.finish_items(count, *args, **kwargs)
 
 
 class _LossQueue(deque[Any]):
