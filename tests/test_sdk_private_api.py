@@ -134,6 +134,7 @@ def test_the_sdk_features_probed_per_version_match_the_installed_sdk() -> None:
     assert SDK_MINOR >= 38 and API_MINOR >= 38  # the oldest of the range in pyproject.toml
     assert _sdk.HAS_ON_ENDING is (SDK_MINOR >= 40)
     assert _sdk._SPAN_END_METRICS is (SDK_MINOR >= 40)
+    assert _sdk.BATCH_TAKES_METER_PROVIDER is (SDK_MINOR >= 41)
     assert bool(_sdk.RANDOM_TRACE_ID_FLAG) is (API_MINOR >= 42)
     if API_MINOR >= 42:
         assert _sdk.RANDOM_TRACE_ID_FLAG == TraceFlags.RANDOM_TRACE_ID  # type: ignore[attr-defined]

@@ -135,6 +135,9 @@ HAS_ON_ENDING: bool = hasattr(SpanProcessor, "_on_ending")
 RANDOM_TRACE_ID_FLAG: int = int(getattr(TraceFlags, "RANDOM_TRACE_ID", 0))
 # whether the SDK's span records the SDK's span metrics at its end (1.40+)
 _SPAN_END_METRICS = "record_end_metrics" in inspect.signature(Span.__init__).parameters
+#: whether the SDK's batch span processor takes a ``meter_provider`` for its own metrics (1.41+)
+BATCH_TAKES_METER_PROVIDER: bool = (
+    "meter_provider" in inspect.signature(BatchSpanProcessor.__init__).parameters)
 
 # hooks that do nothing: the SDK's base processor's and its two exporting processors' own
 _NOOP_HOOKS = frozenset(
