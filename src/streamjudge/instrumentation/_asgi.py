@@ -43,7 +43,6 @@ from streamjudge.instrumentation._privacy import hide_query
 from streamjudge.instrumentation._sse import (
     DEFAULT_TOKEN_EVENTS,
     DONE_EVENTS,
-    SSEFrame,
     SSEParser,
     TerminalFrames,
     TokenExtractor,
@@ -336,18 +335,6 @@ class _HttpResponse:
             if isinstance(body, bytes | bytearray):
                 await self._send_body(bytes(body), True)
 
-    def _frame_text(self, frame: SSEFrame) -> str:
-        # the answer chars a frame carries, to place retractions by offset; langserve writes each chunk as
-        # a JSON string under an event name that is no token event
-        tok = self._extract(frame)
-        if tok is None and frame.data[:1] == '"':
-            try:
-                value = json.loads(frame.data)
-            except ValueError:
-                return ""
-            return value if isinstance(value, str) else ""
-        return tok or ""
-
     async def _forward(self, complete: bytes, texts: list[str], ends: list[int]) -> None:
         # the whole frames of ``complete`` (``texts``: the answer chars of each, ``ends``: where each ends);
         # a retraction whose text all went out goes before the next frame that carries answer chars
@@ -508,13 +495,11 @@ class _HttpResponse:
             # and to know which chars each carries (see _forward)
             complete, frames, at = parser.feed_split(body, True) if body else (b"", [], -1)
             ends = parser.ends if body else []
+            texts = [self._extract(f) or "" for f in frames]
             if binding.source != "graph":
-                texts = [self._extract(f) or "" for f in frames]
                 for tok in texts:
                     if tok:
                         binding.feed(tok, "body")
-            else:
-                texts = [self._frame_text(f) for f in frames]
         elif self._mode == "ndjson":
             complete, at = self._split_ndjson(bytes(body)) if body else (b"", -1)
         else:
