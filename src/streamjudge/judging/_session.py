@@ -2,7 +2,9 @@
 
 The session is driven by a driver (:mod:`streamjudge.judging._drivers`) or a response-body wrapper. It sends
 each closed window to the judging service as one request and reads verdicts from its inbox before each
-yield; nothing on the token path waits for a judge.
+yield; nothing on the token path waits for a judge. What a verdict does to the stream is decided by its
+:class:`~streamjudge.judging._stream_state.StreamState`; the session carries it out and reports it (the
+reader's events, the spans).
 """
 
 from __future__ import annotations
