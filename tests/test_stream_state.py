@@ -7,6 +7,10 @@ warned about, and whether the answer is flagged, stopped or regenerated.
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
+import streamjudge.judging._stream_state as stream_state
 from streamjudge.judging._stream_state import Action, Alert, Regenerate, Release, Stop, StreamState, Unjudged
 from streamjudge.results import JobOutcome, Score, SentenceScore, Verdict
 
@@ -252,3 +256,11 @@ def test_a_closed_stream_holds_nothing_and_waits_for_nothing() -> None:
     state.close()
     assert not state.checkpoints and state.released_end is None
     assert state.on_verdict(passed(0, 0, 16), text) == []
+
+
+def test_the_state_machine_needs_no_spans_threads_clock_or_event_loop() -> None:
+    tree = ast.parse(Path(stream_state.__file__).read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    forbidden = ("opentelemetry", "threading", "asyncio", "concurrent", "time")
+    assert not {m for m in imported if m.split(".")[0] in forbidden}, imported
