@@ -2,7 +2,9 @@
 
 The session is driven by a driver (:mod:`streamjudge.judging._drivers`) or a response-body wrapper. It sends
 each closed window to the judging service as one request and reads verdicts from its inbox before each
-yield; nothing on the token path waits for a judge.
+yield; nothing on the token path waits for a judge. What a verdict does to the stream is decided by its
+:class:`~streamjudge.judging._stream_state.StreamState`; the session carries it out and reports it (the
+reader's events, the spans).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from opentelemetry.context import Context
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
-from streamjudge.judging._actions import PassedPrefix, passed_until, preflight_gate, warning_data, withhold
+from streamjudge.judging._actions import preflight_gate, warning_data, withhold
 from streamjudge.judging._backend import StreamBackend, default_backend, stream_started
 from streamjudge.judging._requests import StreamRequests
+from streamjudge.judging._stream_state import Alert, Regenerate, Release, Stop, StreamState, Unjudged
 from streamjudge.judging._telemetry import (
     ANSWER_KEYS,
     CHECKPOINT_KEYS,
@@ -39,11 +42,9 @@ from streamjudge.judging._tokens import TokenText
 from streamjudge.judging._windows import (
     MAX_TOKEN_CHARS,
     Ended,
-    ReleaseOrder,
     Transcript,
     Window,
     Windows,
-    head_tokens,
 )
 from streamjudge.results import EvalKind, JudgeRequest, JudgeResult, Verdict
 
@@ -53,6 +54,9 @@ if TYPE_CHECKING:
     from streamjudge.judging._lag import LoopProbe
 
 _log = logging.getLogger(__name__)
+# the state of every stream no checkpoint is opened for (not started yet, sampled out, skipped): shared,
+# as it stays empty - a judged stream makes its own at start, one object fewer per unjudged live stream
+_IDLE = StreamState()
 _NOT_ENFORCED_LOGGED: set[str] = set()  # reasons logged once a process (see GuardSession.not_enforced)
 # guards the lazily made final futures of all sessions (taken once per stream, uncontended)
 _FINAL_LOCK = threading.Lock()
@@ -140,14 +144,6 @@ class _Delivered:
     not_enforced: str | None = None
 
 
-@dataclass(slots=True)
-class _Checkpoint:
-    index: int
-    start: int
-    end: int
-    tokens: list[str] | None  # hold-back: released once the window passed
-
-
 class GuardSession:
     """The state of one guarded stream, driven by :func:`~streamjudge.guard` or by a response-body wrapper.
 
@@ -163,25 +159,18 @@ class GuardSession:
     # lookup instead of a slot load (judged: 63.1k -> 62.7k instructions per token)
     __slots__ = (
         "_backend",
-        "_checkpoints",
         "_defer",
         "_delivered",
-        "_failed",
         "_final",
         "_final_set",
         "_final_value",
         "_finished",
-        "_first_alert_char",
-        "_good",
         "_held",
         "_holding",
         "_hush",
         "_inbox",
         "_join",
-        "_judged_any",
         "_judging",
-        "_n_alerts",
-        "_n_regenerations",
         "_n_tokens",
         "_next_index",
         "_notify",
@@ -189,7 +178,6 @@ class GuardSession:
         "_off_lock",
         "_off_ok",
         "_opened",
-        "_order",
         "_out",
         "_pending",
         "_preflight_due",
@@ -200,10 +188,10 @@ class GuardSession:
         "_session_id",
         "_skip_checks",
         "_spans",
+        "_state",
         "_text",
         "_to_send",
         "_unjudged_status",
-        "_verdict",
         "_window_start_ns",
         "_windows",
         "contexts",
@@ -253,24 +241,18 @@ class GuardSession:
         # is only kept (a sampled-out stream never builds a sentence buffer)
         self._windows: Windows = Transcript()
         self._text: TokenText | None = None  # made by the first token that is not plain ASCII text
-        self._order = ReleaseOrder() if self.hold_back else None  # hold-back releases windows in order
+        # what verdicts do to the stream (checkpoints, releases, the action a failure takes): made by start()
+        # for a judged stream, the shared idle one until then
+        self._state = _IDLE
         # the stream's counters (slots of their own: a counters object would be one more per live stream
         # for the cyclic GC to track, and one more hop per token)
         self._n_tokens = 0
-        self._n_alerts = 0
-        self._n_regenerations = 0
-        self._first_alert_char: int | None = None
-        self._judged_any = False
-        self._verdict = "unjudged"
         self._judging = True  # decided once at start: sampling, content size
         self._unjudged_status = ""
         self._skip_checks: str | None = None
         self._next_index = 0
         self._window_start_ns = 0
-        self._checkpoints: dict[int, _Checkpoint] = {}
-        self._pending = self._checkpoints  # its truthiness is the drivers' "verdicts in flight?"
-        self._good: PassedPrefix | None = None  # made by start() for a judged stream
-        self._failed = False  # a sentence failed since the last regeneration
+        self._pending = self._state.checkpoints  # its truthiness is the drivers' "verdicts in flight?"
         # set by an event-loop driver: schedules a callback for after the current token went out
         self._defer: Callable[[Callable[[], None]], object] | None = None
         # the Windows' held list while tokens may wait there for the loop's next pass (see accept), or None
@@ -386,7 +368,7 @@ class GuardSession:
     @property
     def outstanding(self) -> int:
         """Checkpoints still waiting for a verdict."""
-        return len(self._checkpoints)
+        return len(self._pending)
 
     @property
     def span(self) -> trace.Span | None:
@@ -452,7 +434,10 @@ class GuardSession:
             if early:
                 self._windows.held.extend(early)
             self._inbox = deque()
-            self._good = PassedPrefix()
+            self._state = StreamState(hold_back=self.hold_back, action=s.action,
+                                      can_regenerate=self._regenerate is not None,
+                                      max_regenerations=s.max_regenerations)
+            self._pending = self._state.checkpoints
             self._requests_of()
             self._off_ok = off_ok
         self._hold_tokens()
@@ -666,8 +651,7 @@ class GuardSession:
             return [StreamEvent("done", data={"verdict": "unjudged"})]
         if self.hold_back and not self.stopped:
             # whatever is still held was never judged in time: release it, fail-open, and say so
-            for idx in sorted(self._checkpoints):
-                self._release(idx)
+            self._emit_tokens(self._state.release_all())
             self._emit_tokens(self._windows.take_open_tokens())
         text = self._windows.text()
         summary = self._summary(outcome)
@@ -703,10 +687,10 @@ class GuardSession:
             semconv.STREAM_TOKENS: self._n_tokens,
             semconv.STREAM_CHARS: len(shown),
             semconv.STREAM_CHECKPOINTS: self._next_index,
-            semconv.STREAM_ALERTS: self._n_alerts,
+            semconv.STREAM_ALERTS: self._state.alerts,
             semconv.STREAM_VERDICT: verdict,
             semconv.STREAM_OUTCOME: outcome,
-            semconv.STREAM_REGENERATIONS: self._n_regenerations,
+            semconv.STREAM_REGENERATIONS: self._state.regenerations,
         }
         if self._text is not None and self._text.skipped:
             attrs[semconv.STREAM_SKIPPED_TOKENS] = self._text.skipped
@@ -730,11 +714,9 @@ class GuardSession:
         self._held = None
         self._holding = False
         self._defer = None
-        self._checkpoints.clear()
+        self._state.close()
         self._to_send = None
         self._text = None
-        self._order = None
-        self._good = None
         if self._inbox is not None:
             self._inbox.clear()
 
@@ -780,7 +762,7 @@ class GuardSession:
             return
         self._send_all()  # every checkpoint sent has its span, and its request is cancelled below
         cancelled = self._backend.service.cancel_stream(self._spans.span_id)
-        self._checkpoints.clear()
+        self._state.checkpoints.clear()
         if error is not None:
             span.record_exception(error)
         if cancelled:
@@ -794,17 +776,12 @@ class GuardSession:
         req = self.regen_request
         assert req is not None
         self.regen_request = None
-        self._n_regenerations += 1
-        self._checkpoints.clear()  # verdicts of retracted text are ignored from here on
         prefix = req.accepted_prefix
+        # hold-back: the retracted windows were never released; the new ones are released from here
+        self._state.restart(len(prefix), self._next_index)
         s = self.settings
         self._windows = Windows(s.window_sentences, s.window_chars, s.checkpoint_every, prefix)
         self._hold_tokens()  # the retracted text's held tokens went with the old windows
-        self._good = PassedPrefix(len(prefix))
-        self._failed = False
-        # hold-back: the retracted windows were never released; the new ones are released from here
-        if self._order is not None:
-            self._order.restart(self._next_index)
         return req
 
     def open_regeneration(self, req: RegenerateRequest) -> TokenSource:
@@ -835,16 +812,13 @@ class GuardSession:
             prev, index, prev_started, _final = to_send[-1]
             if prev.joinable(window):
                 to_send[-1] = (prev.joined(window), index, prev_started, final)
-                cp = self._checkpoints.get(index)
-                if cp is not None:
-                    cp.end = end
+                self._state.extend(index, end)
                 return
         index = self._next_index
         self._next_index += 1
         judged = self._judging and not self._skip_checks
         if judged or self.hold_back:
-            self._checkpoints[index] = _Checkpoint(index, window.start, end,
-                                                   window.tokens if self.hold_back else None)
+            self._state.open(index, window.start, end, window.tokens)
         if self._defer is None:
             if self._off_ok:  # behind the windows already queued for the pool's thread, as they came
                 self._send_later(((window, index, started, final),), now)
@@ -862,8 +836,7 @@ class GuardSession:
             else:
                 self._to_send.append((window, index, started, final))
         if not judged and self.hold_back:
-            self._release(index)
-            del self._checkpoints[index]
+            self._emit_tokens(self._state.pass_unjudged(index))
 
     def _scan_held(self) -> None:
         """Feed the held tokens to the windows; the windows they complete join the checkpoints waiting to
@@ -946,7 +919,7 @@ class GuardSession:
         text = text_attributes(CHECKPOINT_KEYS, window.text, capture=settings.capture_content,
                                limit=settings.max_text_attribute_chars)
         cp, live = self._spans.checkpoint(attrs, text, start_ns, end_ns)
-        if judged and index in self._checkpoints:
+        if judged and index in self._pending:
             # before the span's end: the processor holds a span it was told to expect
             self._backend.service.submit(
                 self._request("checkpoint", window.text, prefix=window.prefix, offset=window.start,
@@ -955,36 +928,23 @@ class GuardSession:
         self._spans.end_checkpoint(cp, live, end_ns)
 
     def _on_verdict(self, v: Verdict) -> None:
-        cp = self._checkpoints.pop(v.index, None)
-        if cp is None:
-            return  # a checkpoint of text that was retracted since
-        if v.status == "superseded":
-            return  # a newer checkpoint covers these sentences (never in hold-back: no coalescing there)
-        if v.status != "judged":
-            self._record_skip("checkpoint", v.status)
-            if self.hold_back:
-                self._release_tokens(cp)
-            return
-        self._judged_any = True
-        failed = v.failed if not self._skip_checks else ()
-        if not self._failed:
-            self._passed().mark(v.start, passed_until(v))
-        if not failed:
-            if self._verdict == "unjudged":
-                self._verdict = "pass"
-            if self.hold_back:
-                self._release_tokens(cp)
-            return
-        self._alert(v, cp)
+        data: dict[str, Any] = {}
+        for act in self._state.on_verdict(v, self._windows.text, quiet=self._skip_checks is not None):
+            if isinstance(act, Release):
+                self._emit_tokens(act.tokens)
+            elif isinstance(act, Unjudged):
+                self._record_skip("checkpoint", act.status)
+            elif isinstance(act, Alert):
+                data = self._alert(act)
+            elif isinstance(act, Stop):
+                self._stop(data)
+            elif isinstance(act, Regenerate):
+                self._start_regeneration(act)
 
-    def _alert(self, v: Verdict, cp: _Checkpoint) -> None:
-        self._n_alerts += 1
-        self._failed = True
-        score = v.failed[0]
-        action = self.settings.action
+    def _alert(self, alert: Alert) -> dict[str, Any]:
+        # the alert's span event and the reader's warning; returns the warning's data
+        v, score, action = alert.verdict, alert.score, self.settings.action
         data = warning_data(v, score, self._requests_of().threshold(score.name), action)
-        if self._first_alert_char is None:
-            self._first_alert_char = data["char_end"]
         if self._spans.span is not None:
             first = data["sentences"][0]
             self._spans.event(
@@ -1003,52 +963,30 @@ class GuardSession:
         if self.hold_back:
             # the client never sees a failing sentence, not even quoted in the judge's explanation
             explanation = withhold(data, self._windows.text())
-        if action == "regenerate":
-            if self._regenerate is None:
-                data["action"] = "flag"
-                data["reason"] = "no_regenerate_callback"
+        if alert.reason is not None:
+            data["action"] = alert.action
+            data["reason"] = alert.reason
+            if alert.reason == "no_regenerate_callback":
                 self.not_enforced("regenerate: no model to re-prompt (no regenerate callback)")
-            elif self._n_regenerations >= self.settings.max_regenerations:
-                data["action"] = "stop"
-                data["reason"] = "max_regenerations"
-                action = "stop"
-        if self.hold_back and action in ("stop", "regenerate"):
-            # the sentences before the first failing one passed: they go out, the failing one never does
-            self._release_head(cp, passed_until(v))
         self._emit(StreamEvent("warning", explanation, data))
-        if action == "stop":
-            self._stop(data)
-        elif action == "regenerate" and self._regenerate is not None:
-            self._start_regeneration(v)
-        else:
-            self._verdict = "flagged"
-            if self.hold_back:
-                self._release_tokens(cp)
+        return data
 
-    def _start_regeneration(self, v: Verdict) -> None:
-        self._verdict = "regenerated"
+    def _start_regeneration(self, regen: Regenerate) -> None:
         text = self._windows.text()
-        keep = self._passed().end
-        while keep > 0 and text[keep - 1].isspace():
-            keep -= 1  # the continuation brings its own separator
-        shown = len(text)
-        if self.hold_back:
-            # nothing past the last released window was shown, and what was not shown is not kept either
-            shown = self._release_order().released_end
-            keep = min(keep, shown)
+        keep, shown = regen.keep, regen.shown
         d = self._delivery()
         d.base = (d.base or "") + text[d.start:(keep if d.retracts_shown else shown)]
         d.start = keep
         if shown > keep:
             self._emit(StreamEvent("retract", text[keep:shown], {"from": keep, "to": shown,
-                                                                 "checkpoint": v.index}))
+                                                                 "checkpoint": regen.checkpoint}))
             self._spans.event(semconv.EVENT_RETRACT, {"from": keep, "to": shown})
         self.regen_request = RegenerateRequest(
             question=self.question or "",
             contexts=self.contexts or (),
             accepted_prefix=text[:keep],
             instruction=self.settings.regenerate_instruction,
-            attempt=self._n_regenerations + 1,
+            attempt=self._state.regenerations + 1,
         )
         self.has_events = True
 
@@ -1088,8 +1026,9 @@ class GuardSession:
         """The answer as the client received it: released text in hold-back, the text before a retraction
         the client never saw, a tap's fallback words."""
         text = self._windows.delivered()
-        if self.hold_back and self.stopped and self._order is not None:
-            text = text[: self._order.released_end]
+        released = self._state.released_end
+        if self.hold_back and self.stopped and released is not None:
+            text = text[:released]
         d = self._delivered
         if d is None:
             return text
@@ -1099,57 +1038,16 @@ class GuardSession:
 
     def _stop(self, data: Mapping[str, Any]) -> None:
         self.stopped = True
-        self._verdict = "stopped"
-        for cp in self._checkpoints.values():
-            cp.tokens = None
+        self._state.stop()
         self._windows.take_open_tokens()
         self._spans.event(semconv.EVENT_STOP, {semconv.ALERT_METRIC: str(data.get("metric", ""))})
         self._emit(StreamEvent("stop", self.settings.fallback_message, data))
-
-    def _release(self, index: int) -> None:
-        cp = self._checkpoints.get(index)
-        if cp is not None:
-            self._release_tokens(cp)
-
-    def _release_tokens(self, cp: _Checkpoint) -> None:
-        # hold-back: windows go out in order; a passed window waits for the windows before it
-        cp_tokens, cp.tokens = cp.tokens, None
-        if cp_tokens is None:
-            return
-        self._emit_tokens(self._release_order().release(cp.index, cp.end, cp_tokens))
-
-    def _release_head(self, cp: _Checkpoint, until: int) -> None:
-        # hold-back: the window's text before ``until`` (a sentence boundary) is released, in order
-        tokens = cp.tokens
-        if tokens is None or until <= cp.start:
-            return
-        cp.tokens = None
-        head = head_tokens(tokens, until - cp.start)
-        # up to the sentence's end: a continuation or a fallback brings its own separator
-        while head and head[-1][-1:].isspace():
-            last = head.pop().rstrip()
-            if last:
-                head.append(last)
-        until = cp.start + sum(map(len, head))
-        self._emit_tokens(self._release_order().release(cp.index, until, head))
 
     def _token_text(self) -> TokenText:
         text = self._text
         if text is None:
             text = self._text = TokenText()
         return text
-
-    def _passed(self) -> PassedPrefix:
-        good = self._good
-        if good is None:
-            good = self._good = PassedPrefix()
-        return good
-
-    def _release_order(self) -> ReleaseOrder:
-        order = self._order
-        if order is None:
-            order = self._order = ReleaseOrder()
-        return order
 
     def _emit_tokens(self, tokens: list[str]) -> None:
         if tokens:
@@ -1179,18 +1077,16 @@ class GuardSession:
         self._spans.skip(f"{what}:{reason}")
 
     def _summary(self, outcome: str) -> dict[str, Any]:
-        verdict = self._verdict
-        if verdict == "unjudged" and self._judged_any:
-            verdict = "pass"
+        state = self._state
         return {
-            "verdict": verdict,
+            "verdict": state.verdict,
             "outcome": outcome,
             "tokens": self._n_tokens,
             "chars": self._windows.length,
             "checkpoints": self._next_index,
-            "alerts": self._n_alerts,
-            "regenerations": self._n_regenerations,
-            "first_alert_char": self._first_alert_char,
+            "alerts": state.alerts,
+            "regenerations": state.regenerations,
+            "first_alert_char": state.first_alert_char,
             "ttft_ms": self._spans.ttft_ms,
             "stream_id": self._spans.stream_hex,
         }
