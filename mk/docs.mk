@@ -1,0 +1,16 @@
+# The documentation site (mkdocs.yml, docs/): `make docs` builds it in strict mode, so a broken link, a
+# missing page or a settings reference that no longer matches `Settings` fails the build (and `make test`).
+# The site goes to $(CACHE)/site, outside the repo.
+DOCS_SITE ?= $(CACHE)/site
+
+.PHONY: docs docs-serve
+
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(DOCS_SITE)
+	@echo $(DOCS_SITE)/index.html
+
+# live preview on 127.0.0.1:8008
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8008
+
+TEST_DEPS += docs
