@@ -118,7 +118,7 @@ def test_or_default_keeps_the_good_settings_and_logs_one_line(caplog: pytest.Log
     line = mine[0].getMessage()
     assert "STREAMJUDGE_ACTION='bogus': expected one of flag, regenerate, stop" in line
     assert "STREAMJUDGE_THRESHOLD='x'" in line and "STREAMJUDGE_CHECKPOINT_CHARS='0'" in line
-    assert "using the defaults" in line and "\n" not in line
+    assert "(using the default: flag)" in line and "(using the default: 200)" in line and "\n" not in line
 
 
 def test_or_default_is_silent_when_all_is_well(caplog: pytest.LogCaptureFixture) -> None:
@@ -143,3 +143,116 @@ def test_the_judge_names_accepted_are_the_built_in_judges() -> None:
     from streamjudge.judging import judges
 
     assert set(config.JUDGE_NAMES) == set(judges._BUILTIN)
+
+
+# --- every setting's range, from the table that the settings reference is made of ---------------------
+
+@pytest.mark.parametrize(
+    ("var", "raw", "expected", "default"),
+    [
+        ("STREAMJUDGE_CHECKPOINT_EVERY", "-1", "an integer >= 0", "0"),
+        ("STREAMJUDGE_END_WAIT", "nan", "a number >= 0", "2"),
+        ("STREAMJUDGE_END_WAIT", "-1", "a number >= 0", "2"),
+        ("STREAMJUDGE_END_WAIT", "inf", "a number >= 0", "2"),
+        ("STREAMJUDGE_HOLD_TIMEOUT", "-1", "a number > 0", "60"),
+        ("STREAMJUDGE_HOLD_TIMEOUT", "0", "a number > 0", "60"),
+        ("STREAMJUDGE_MAX_QUEUE_CHARS", "-1", "an integer >= 1", "64000000"),
+        ("STREAMJUDGE_MAX_JUDGE_INPUT_CHARS", "-1", "an integer >= 1", "2000000"),
+        ("STREAMJUDGE_STREAM_BUDGET", "-1", "an integer >= 0", "64"),
+        ("STREAMJUDGE_MAX_TEXT_CHARS", "0", "an integer >= 16", "16384"),
+        ("STREAMJUDGE_JUDGE_TIMEOUT", "nan", "a number > 0", "30"),
+        ("STREAMJUDGE_MODEL_BACKEND", "bogus", "one of auto, onnx, torch", "auto"),
+        ("STREAMJUDGE_JUDGE_PROCESSES", "100000000000000000000", "an integer from 0 to 64, or auto", "auto"),
+        ("STREAMJUDGE_JUDGE_PROCESSES", "-2", "an integer from 0 to 64, or auto", "auto"),
+        ("STREAMJUDGE_RETRY_BACKOFF", "-0.5", "a number >= 0", "0.2"),
+        ("STREAMJUDGE_PREFLIGHT_WAIT", "nan", "a number from 0 to 60", "0.05"),
+        ("STREAMJUDGE_MAX_RETRIES", "-1", "an integer >= 0", "2"),
+        ("STREAMJUDGE_JUDGE_CPU_SHARE", "nan", "a number from 0 to 1", "0.15"),
+        ("STREAMJUDGE_MODEL_BATCH_SIZE", "0", "an integer >= 1", "16"),
+        ("EVAL_TIMEOUT", "nan", "a number > 0", "30"),
+        ("EVAL_CHECKPOINT_INPUT_COST_PER_MTOK", "-3", "a number >= 0", "0"),
+    ],
+)
+def test_a_value_outside_its_range_is_refused_naming_the_variable_and_the_range(
+    var: str, raw: str, expected: str, default: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings({var: raw})
+    assert str(err.value).startswith(f"{var}={raw!r}: expected {expected}")
+    # zero-code: one error line that says which default is used instead, and the defaults apply
+    with caplog.at_level(logging.ERROR):
+        s = load_settings_or_default(env={var: raw})
+    assert s == Settings()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert f"{var}={raw!r}: expected {expected} (using the default: {default})" in line
+
+
+def test_the_same_bad_setting_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR):
+        for _ in range(3):  # the configurator, the instrumentor, instrument_app
+            load_settings_or_default(env={"STREAMJUDGE_END_WAIT": "nan"})
+    assert len(caplog.records) == 1
+
+
+def test_a_bad_judge_llm_variable_keeps_the_other_judge_llm_settings() -> None:
+    s = load_settings_or_default(env={"EVAL_TIMEOUT": "-1", "EVAL_MODEL": "m1", "EVAL_PROVIDER": "openai"})
+    assert (s.eval_llm.timeout_s, s.eval_llm.model, s.eval_llm.provider) == (30.0, "m1", "openai")
+    assert s.checkpoint_llm.model == "m1"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("checkpoint_every", -1, "Settings.checkpoint_every=-1: expected an integer >= 0 "
+                                 "(environment: STREAMJUDGE_CHECKPOINT_EVERY)"),
+        ("end_wait_s", float("nan"), "Settings.end_wait_s=nan: expected a number >= 0"),
+        ("hold_timeout_s", 0.0, "expected a number > 0 (environment: STREAMJUDGE_HOLD_TIMEOUT)"),
+        ("judge_processes", 10**20, "expected an integer from 0 to 64, or auto"),
+        ("model_backend", "bogus", "expected one of auto, onnx, torch"),
+        ("window_chars", "200", "expected an integer >= 1"),
+        ("capture_content", "false", "expected true or false"),
+    ],
+)
+def test_a_field_set_in_code_is_checked_against_the_same_range(field: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings(**{field: value})  # type: ignore[arg-type]
+    assert message in str(err.value)
+
+
+def test_values_at_the_edges_of_their_ranges_are_taken() -> None:
+    s = load_settings({"STREAMJUDGE_CHECKPOINT_EVERY": "0", "STREAMJUDGE_END_WAIT": "0",
+                       "STREAMJUDGE_STREAM_BUDGET": "0", "STREAMJUDGE_JUDGE_PROCESSES": "64",
+                       "STREAMJUDGE_MAX_TEXT_CHARS": "16", "STREAMJUDGE_HOLD_TIMEOUT": "0.001",
+                       "STREAMJUDGE_MODEL_BACKEND": "ONNX"})
+    assert (s.checkpoint_every, s.end_wait_s, s.per_stream_budget, s.judge_processes) == (0, 0.0, 0, 64)
+    assert (s.max_text_attribute_chars, s.hold_timeout_s, s.model_backend) == (16, 0.001, "onnx")
+
+
+def test_shutdown_timeout_is_an_option_not_an_unknown_variable(caplog: pytest.LogCaptureFixture) -> None:
+    from streamjudge import _deadline
+
+    with caplog.at_level(logging.WARNING):
+        load_settings({"STREAMJUDGE_SHUTDOWN_TIMEOUT": "3"})
+    assert not caplog.records
+    assert _deadline.shutdown_timeout_s({"STREAMJUDGE_SHUTDOWN_TIMEOUT": "3"}) == 3.0
+    with caplog.at_level(logging.ERROR):
+        assert _deadline.shutdown_timeout_s({"STREAMJUDGE_SHUTDOWN_TIMEOUT": "-1"}) == 5.0
+    assert "STREAMJUDGE_SHUTDOWN_TIMEOUT='-1': expected a number >= 0 (using the default: 5)" in caplog.text
+    assert config.option("STREAMJUDGE_SHUTDOWN_TIMEOUT").default == _deadline.DEFAULT_SHUTDOWN_TIMEOUT_S
+
+
+def test_every_settings_field_with_a_variable_has_one_option_and_its_default() -> None:
+    import dataclasses
+
+    options = config.all_options()
+    assert len({o.var for o in options}) == len(options)
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    code_only = {"regenerate_instruction", "eval_llm", "checkpoint_llm"}
+    assert {o.field for o in config.OPTIONS} == fields - code_only
+    for o in options:
+        assert o.doc and o.type_name and o.accepts, o.var
+        if o.field in fields:
+            assert o.default == getattr(Settings(), o.field), o.var
+        if o.low is not None or o.high is not None:
+            assert o.kind in ("int", "float", "processes"), o.var
+    assert set(config.known_env_vars()) == {o.var for o in options if o.var.startswith("STREAMJUDGE_")}

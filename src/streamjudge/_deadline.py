@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 import time
 from collections.abc import Iterator, Mapping
+
+from streamjudge.config import option_from_env
 
 #: seconds a shutdown may take in all (judge pool, held spans, sinks, exporters)
 DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
@@ -133,12 +134,6 @@ def keep_open(deadline: Deadline) -> None:
 
 
 def shutdown_timeout_s(env: Mapping[str, str] | None = None) -> float:
-    """``STREAMJUDGE_SHUTDOWN_TIMEOUT`` in seconds (default 5); an unusable value gives the default."""
-    raw = (os.environ if env is None else env).get(ENV_SHUTDOWN_TIMEOUT, "").strip()
-    if not raw:
-        return DEFAULT_SHUTDOWN_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        return DEFAULT_SHUTDOWN_TIMEOUT_S
-    return value if value >= 0 and math.isfinite(value) else DEFAULT_SHUTDOWN_TIMEOUT_S
+    """``STREAMJUDGE_SHUTDOWN_TIMEOUT`` in seconds (default 5); an unusable value is logged once and gives
+    the default."""
+    return float(option_from_env(ENV_SHUTDOWN_TIMEOUT, env))

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import json
 import logging
+import math
 import os
 import threading
 from collections.abc import Iterable, Mapping
@@ -218,42 +219,19 @@ class Settings:
     model_queue_size: int = 1024
 
     def __post_init__(self) -> None:
-        enums = (
-            ("action", _ACTIONS), ("mode", _MODES), ("preflight_action", _PREFLIGHT_ACTIONS),
-            ("final_pass", _FINAL_PASSES),
-        )
-        for name, choices in enums:
-            value = _enum(getattr(self, name))
-            if value not in choices:
-                raise _invalid(name, getattr(self, name), _one_of(choices))
-            object.__setattr__(self, name, value)
-        for name in ("threshold", "sample_rate", "preflight_threshold", "judge_cpu_share",
-                     "judge_cpu_share_max"):
-            v = getattr(self, name)
-            if not 0.0 <= v <= 1.0:
-                raise _invalid(name, v, "a number from 0 to 1")
-        for name in ("concurrency", "queue_size", "window_sentences", "window_chars"):
-            if getattr(self, name) < 1:
-                raise _invalid(name, getattr(self, name), "an integer >= 1")
+        # every field with an option is checked against its entry in OPTIONS (type, range, choices)
+        for name, opt in _FIELD_OPTIONS:
+            object.__setattr__(self, name, opt.check(getattr(self, name)))
         for metric, v in self.thresholds.items():
             if not 0.0 <= v <= 1.0:
                 raise _invalid("thresholds", f"{metric}={v}", "metric=value pairs with values from 0 to 1")
-        if not 0 <= self.judge_worker_nice <= 19:
-            raise _invalid("judge_worker_nice", self.judge_worker_nice, "an integer from 0 to 19")
-        processes = self.judge_processes
-        if isinstance(processes, str) and processes.strip().lower() == "auto":
-            object.__setattr__(self, "judge_processes", "auto")
-        elif isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
-            raise _invalid("judge_processes", processes, "0 or more, or auto")
         for spec in self.terminal_frames:
             kind, sep, value = spec.partition(":")
             if not sep or kind.strip() not in TERMINAL_FRAME_KINDS or not value.strip():
                 raise ConfigError(
                     f"STREAMJUDGE_TERMINAL_FRAMES: {spec!r} is not event:NAME, data:TEXT or type:NAME "
                     "(STREAMJUDGE_TERMINAL_FRAMES=none turns holding back off)",
-                    setting="terminal_frames",
-                    expected="event:NAME, data:TEXT or type:NAME, comma separated "
-                    "(STREAMJUDGE_TERMINAL_FRAMES=none turns holding back off)",
+                    setting="terminal_frames", expected=_FRAMES_EXPECTED,
                 )
 
     @property
@@ -270,32 +248,326 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
-# --- environment parsing ---------------------------------------------------------------------------
+# --- the settings table -----------------------------------------------------------------------------
+#
+# One entry per environment variable: what it sets, its type, its default, what it accepts and what it
+# does. The parser below, Settings' own validation and the settings reference in the docs all read it.
+# A new setting: a field in Settings (or JudgeLLMSettings) and one entry in OPTIONS.
 
 _PREFIX = "STREAMJUDGE_"
 
-
-def _bool(var: str, raw: str) -> bool:
-    v = raw.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{var}={raw!r}: expected true or false (or 1/0, yes/no, on/off)")
-
-
-def _float(var: str, raw: str) -> float:
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{var}={raw!r}: expected a number") from None
+#: what each kind of option is called in the settings reference
+KIND_NAMES: Mapping[str, str] = {
+    "bool": "boolean", "int": "integer", "float": "number", "text": "text", "secret": "text (secret)",
+    "choice": "choice", "list": "list", "judge": "judge name", "thresholds": "metric=value list",
+    "rubrics": "JSON", "frames": "list", "processes": "integer or auto",
+}
+_BOOL_TRUE = ("1", "true", "yes", "on")
+_BOOL_FALSE = ("0", "false", "no", "off")
+_FRAMES_EXPECTED = ("event:NAME, data:TEXT or type:NAME, comma separated "
+                    "(STREAMJUDGE_TERMINAL_FRAMES=none turns holding back off)")
+_JUDGE_EXPECTED = ", ".join(JUDGE_NAMES) + " or package.module:ClassName"
 
 
-def _int(var: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{var}={raw!r}: expected an integer") from None
+class _Rejected(ValueError):
+    """A value outside what an option accepts (the caller words the error)."""
+
+
+def _num(v: float) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting as users set it: an environment variable, the field it fills, its type and range.
+
+    ``field`` is the :class:`Settings` field (``eval_llm.timeout_s`` for a judge-LLM setting; None for a
+    variable read elsewhere in the package). ``low``/``high`` bound numbers (``above``: ``low`` itself is
+    not accepted); ``choices`` lists the values of a choice; ``default`` is what applies when the variable
+    is unset or unusable (for a field: the field's default).
+    """
+
+    var: str
+    field: str | None
+    kind: str
+    doc: str
+    default: Any = None
+    low: float | None = None
+    high: float | None = None
+    above: bool = False
+    choices: tuple[str, ...] = ()
+    none_empties: bool = False  # for a list: "none" means an empty list (an empty variable: the default)
+
+    @property
+    def type_name(self) -> str:
+        """The type as the settings reference names it."""
+        return KIND_NAMES[self.kind]
+
+    @property
+    def accepts(self) -> str:
+        """What the option accepts, in words (the end of every error about it)."""
+        kind = self.kind
+        if kind == "bool":
+            return "true or false (or 1/0, yes/no, on/off)"
+        if kind in ("int", "float", "processes"):
+            what = "an integer" if kind != "float" else "a number"
+            if self.low is not None and self.high is not None:
+                what += f" from {_num(self.low)} to {_num(self.high)}"
+            elif self.low is not None:
+                what += f" {'>' if self.above else '>='} {_num(self.low)}"
+            elif self.high is not None:
+                what += f" <= {_num(self.high)}"
+            return what + (", or auto" if kind == "processes" else "")
+        if kind == "choice":
+            return _one_of(self.choices)
+        if kind == "judge":
+            return _JUDGE_EXPECTED
+        if kind == "thresholds":
+            return "metric=value pairs with values from 0 to 1, comma separated"
+        if kind == "rubrics":
+            return "a JSON object of rubric name -> list of evaluation steps, or the path of a JSON file"
+        if kind == "frames":
+            return _FRAMES_EXPECTED
+        if kind == "list":
+            return "names, comma separated" + (' ("none": none at all)' if self.none_empties else "")
+        return "any text"
+
+    def check(self, value: Any) -> Any:
+        """``value`` as stored (an enum normalised), or :class:`ConfigError` naming the field."""
+        try:
+            return self._accept(value)
+        except _Rejected:
+            raise _invalid(self.field or self.var, value, self.accepts) from None
+
+    def parse(self, raw: str) -> Any:
+        """The value of the variable's text ``raw``, or :class:`ConfigError` naming the variable, the value
+        as written and what is accepted."""
+        try:
+            return self._accept(self._convert(raw))
+        except _Rejected:
+            hint = _did_you_mean(_enum(raw), self.choices) if self.kind == "choice" else ""
+            raise ConfigError(f"{self.var}={raw!r}: expected {self.accepts}{hint}",
+                              setting=self.field, expected=self.accepts) from None
+
+    def _convert(self, raw: str) -> Any:
+        kind, text = self.kind, raw.strip()
+        if kind == "bool":
+            if text.lower() in _BOOL_TRUE:
+                return True
+            if text.lower() in _BOOL_FALSE:
+                return False
+            raise _Rejected
+        if kind == "processes" and text.lower() == "auto":
+            return "auto"
+        if kind in ("int", "processes"):
+            try:
+                return int(text)
+            except ValueError:
+                raise _Rejected from None
+        if kind == "float":
+            try:
+                return float(text)
+            except ValueError:
+                raise _Rejected from None
+        if kind == "judge":
+            return parse_judge_name(self.var, raw)
+        if kind == "thresholds":
+            return _thresholds(self.var, raw)
+        if kind == "rubrics":
+            return _rubrics(self.var, raw)
+        if kind in ("list", "frames"):
+            return () if (self.none_empties or kind == "frames") and text.lower() == "none" else _csv(raw)
+        return text
+
+    def _accept(self, value: Any) -> Any:
+        kind = self.kind
+        if value is None and self.default is None:
+            return None  # an optional setting left unset
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise _Rejected
+        elif kind in ("int", "float", "processes"):
+            if kind == "processes" and isinstance(value, str) and value.strip().lower() == "auto":
+                return "auto"
+            ok_types = (int,) if kind != "float" else (int, float)
+            if isinstance(value, bool) or not isinstance(value, ok_types) or not math.isfinite(value):
+                raise _Rejected
+            low, high = self.low, self.high
+            if (low is not None and (value <= low if self.above else value < low)) or (
+                    high is not None and value > high):
+                raise _Rejected
+        elif kind == "choice":
+            value = _enum(value)
+            if value not in self.choices:
+                raise _Rejected
+        elif kind in ("text", "secret", "judge") and not isinstance(value, str):
+            raise _Rejected
+        return value
+
+
+def _settings_default(name: str) -> Any:
+    f = Settings.__dataclass_fields__[name]
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def _o(field_name: str, suffix: str, kind: str, doc: str, **kw: Any) -> Option:
+    """The option of a :class:`Settings` field (its default is the field's)."""
+    return Option(_PREFIX + suffix, field_name, kind, doc, _settings_default(field_name), **kw)
+
+
+_PROBABILITY = {"low": 0.0, "high": 1.0}
+_SECONDS = {"low": 0.0}
+
+#: every STREAMJUDGE_* option, in the order of the settings reference
+OPTIONS: tuple[Option, ...] = (
+    # judges
+    _o("judge", "JUDGE", "judge", "Judge of the final answer (and of checkpoints unless "
+       "STREAMJUDGE_CHECKPOINT_JUDGE is set)."),
+    _o("checkpoint_judge", "CHECKPOINT_JUDGE", "judge", "Judge of checkpoints, the fast tier (unset: "
+       "STREAMJUDGE_JUDGE)."),
+    _o("threshold", "THRESHOLD", "float", "A score below it fails.", **_PROBABILITY),
+    _o("thresholds", "THRESHOLDS", "thresholds", "Per-metric thresholds over STREAMJUDGE_THRESHOLD."),
+    _o("checkpoint_metrics", "CHECKPOINT_METRICS", "list", "Metrics scored at each checkpoint."),
+    _o("final_metrics", "FINAL_METRICS", "list", "Metrics scored on the final answer."),
+    _o("geval_rubrics", "GEVAL_RUBRICS", "rubrics", "GEval rubrics for the deepeval judge (scored when "
+       "named in the metrics)."),
+    # actions
+    _o("action", "ACTION", "choice", "What a failed checkpoint does.", choices=_ACTIONS),
+    _o("mode", "MODE", "choice", "Stream first (may retract) or hold each window back until it passed.",
+       choices=_MODES),
+    _o("max_regenerations", "MAX_REGENERATIONS", "int", "Regenerations per answer before stopping.",
+       low=0),
+    _o("fallback_message", "FALLBACK_MESSAGE", "text", "What the client reads when an answer is stopped."),
+    # checkpoint windows
+    _o("window_sentences", "CHECKPOINT_SENTENCES", "int", "Sentences per checkpoint.", low=1),
+    _o("window_chars", "CHECKPOINT_CHARS", "int", "Characters after which a checkpoint closes early.",
+       low=1),
+    _o("checkpoint_every", "CHECKPOINT_EVERY", "int", "Instead, a checkpoint at every N-th sentence "
+       "whatever its length (0: off).", low=0),
+    # pre-flight gate and final pass
+    _o("preflight", "PREFLIGHT", "bool", "Score the retrieved contexts before the first token."),
+    _o("preflight_threshold", "PREFLIGHT_THRESHOLD", "float", "Context score below which the pre-flight "
+       "action applies.", **_PROBABILITY),
+    _o("preflight_action", "PREFLIGHT_ACTION", "choice", "What a low pre-flight score does.",
+       choices=_PREFLIGHT_ACTIONS),
+    _o("preflight_wait_s", "PREFLIGHT_WAIT", "float", "Seconds the first token may wait for the "
+       "pre-flight score.", low=0.0, high=60.0),
+    _o("final_reconcile", "FINAL_RECONCILE", "bool", "Judge the complete answer with the full suite."),
+    _o("final_pass", "FINAL_PASS", "choice", "Where the final pass runs: here, or in streamjudge worker.",
+       choices=_FINAL_PASSES),
+    _o("end_wait_s", "END_WAIT", "float", "Seconds a stream waits at its end for verdicts in flight "
+       "(off the token path).", **_SECONDS),
+    # judge pool
+    _o("sample_rate", "SAMPLE_RATE", "float", "Share of traces judged.", **_PROBABILITY),
+    _o("concurrency", "CONCURRENCY", "int", "Judge calls in flight.", low=1),
+    _o("queue_size", "QUEUE_SIZE", "int", "Judge requests queued, at most.", low=1),
+    _o("judge_timeout_s", "JUDGE_TIMEOUT", "float", "Seconds one judge call may take.", low=0.0,
+       above=True),
+    _o("max_retries", "MAX_RETRIES", "int", "Retries of a judge call after a transient error.", low=0),
+    _o("retry_backoff_s", "RETRY_BACKOFF", "float", "Seconds before the first retry (doubling).",
+       **_SECONDS),
+    _o("per_stream_budget", "STREAM_BUDGET", "int", "Judge calls per stream (0: unlimited).", low=0),
+    _o("global_budget_per_minute", "GLOBAL_BUDGET_PER_MINUTE", "int", "Judge calls per minute in all "
+       "(0: unlimited).", low=0),
+    _o("judge_cpu_share", "JUDGE_CPU_SHARE", "float", "Most of one core the judge pool's thread may use "
+       "(0: no cap).", **_PROBABILITY),
+    _o("judge_cpu_share_max", "JUDGE_CPU_SHARE_MAX", "float", "How far that cap may rise while the app "
+       "keeps time (at most STREAMJUDGE_JUDGE_CPU_SHARE: a fixed cap).", **_PROBABILITY),
+    _o("judge_linger_s", "JUDGE_LINGER", "float", "Seconds the idle pool polls for work before it "
+       "sleeps.", low=0.0, high=1.0),
+    _o("judge_processes", "JUDGE_PROCESSES", "processes", "Worker processes for a CPU-bound judge "
+       "(0: in the pool's thread; auto: when measured to help).", low=0, high=64),
+    _o("judge_worker_nice", "JUDGE_WORKER_NICE", "int", "Niceness of judge worker processes.", low=0,
+       high=19),
+    _o("hold_timeout_s", "HOLD_TIMEOUT", "float", "Seconds a judged span is held for its scores before "
+       "it is exported without them.", low=0.0, above=True),
+    _o("max_judge_input_chars", "MAX_JUDGE_INPUT_CHARS", "int", "Judge inputs (contexts, an answer) over "
+       "this many characters are skipped, recorded.", low=1),
+    _o("max_queue_chars", "MAX_QUEUE_CHARS", "int", "Characters queued for judging across streams, at "
+       "most.", low=1),
+    # content on spans
+    _o("capture_content", "CAPTURE_CONTENT", "bool", "Question, contexts and answer text on spans "
+       "(off: length and sha256). Unset: OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT, else on."),
+    _o("max_text_attribute_chars", "MAX_TEXT_CHARS", "int", "Longest text on a span (head and tail of "
+       "a longer one).", low=16),
+    # instrumentation
+    _o("answer_nodes", "ANSWER_NODES", "list", "LangGraph nodes whose model stream is the answer."),
+    _o("openinference_inline", "OPENINFERENCE_INLINE", "bool", "Run openinference's LangChain tracer "
+       "in the caller's task instead of a thread pool."),
+    _o("sse_token_field", "SSE_TOKEN_FIELD", "text", "Dot path of the token in JSON SSE data (apps "
+       "without an instrumented graph)."),
+    _o("terminal_frames", "TERMINAL_FRAMES", "frames", "The app's frames that end an answer, held back "
+       "until the guard's last events are sent."),
+    _o("client_events", "CLIENT_EVENTS", "bool", "Send the guard's warning/retract/stop events to the "
+       "client in the app's frame format."),
+    _o("routes_include", "ROUTES_INCLUDE", "list", "Request paths that may carry a judged answer "
+       "(fnmatch patterns; empty: every path)."),
+    _o("routes_exclude", "ROUTES_EXCLUDE", "list", "Request paths never judged (fnmatch patterns).",
+       none_empties=True),
+    # the model judge
+    _o("model_path", "MODEL_PATH", "text", "The model judge's directory (or hub id)."),
+    _o("model_backend", "MODEL_BACKEND", "choice", "The model judge's runtime.",
+       choices=("auto", "onnx", "torch")),
+    _o("model_batch_size", "MODEL_BATCH_SIZE", "int", "Pairs per inference batch.", low=1),
+    _o("model_max_batch_ms", "MODEL_MAX_BATCH_MS", "float", "Milliseconds a batch waits to fill.",
+       low=0.0, high=1000.0),
+    _o("model_threads", "MODEL_THREADS", "int", "ONNX Runtime intra-op threads (0: its default).", low=0),
+    _o("model_max_length", "MODEL_MAX_LENGTH", "int", "The model's input window in tokens (0: from its "
+       "config).", low=0),
+    _o("model_queue_size", "MODEL_QUEUE_SIZE", "int", "Claims pending for the model, at most.", low=1),
+)
+
+#: judge-LLM options: ``EVAL_<NAME>`` sets the final pass's judge LLM, ``EVAL_CHECKPOINT_<NAME>`` the
+#: checkpoints' (which falls back to ``EVAL_<NAME>``)
+_LLM_FIELDS: tuple[tuple[str, str, str, str, dict[str, Any]], ...] = (
+    ("provider", "PROVIDER", "text", "Judge LLM API: openai, openai_compatible or anthropic.", {}),
+    ("model", "MODEL", "text", "Judge LLM model name.", {}),
+    ("base_url", "BASE_URL", "text", "Judge LLM endpoint (credentials in it are never logged).", {}),
+    ("api_key", "API_KEY", "secret", "Judge LLM API key (never printed).", {}),
+    ("timeout_s", "TIMEOUT", "float", "Seconds one judge LLM request may take.", {"low": 0.0, "above": True}),
+    ("input_cost_per_mtok", "INPUT_COST_PER_MTOK", "float", "USD per million input tokens (0: unknown).",
+     {"low": 0.0}),
+    ("output_cost_per_mtok", "OUTPUT_COST_PER_MTOK", "float", "USD per million output tokens (0: unknown).",
+     {"low": 0.0}),
+    ("embedding_model", "EMBEDDING_MODEL", "text", "Embedding model on the same endpoint (ragas).", {}),
+)
+
+
+def _llm_options(prefix: str, target: str, doc_suffix: str) -> tuple[Option, ...]:
+    base = JudgeLLMSettings()
+    return tuple(
+        Option(prefix + suffix, f"{target}.{name}", kind, doc + doc_suffix, getattr(base, name), **kw)
+        for name, suffix, kind, doc, kw in _LLM_FIELDS
+    )
+
+
+LLM_OPTIONS: tuple[Option, ...] = (
+    _llm_options("EVAL_", "eval_llm", "")
+    + _llm_options("EVAL_CHECKPOINT_", "checkpoint_llm", " For checkpoints (unset: the EVAL_ value).")
+)
+
+#: options read outside :func:`load_settings` (by the part of the package that needs them, through
+#: :func:`option_from_env`)
+PROCESS_OPTIONS: tuple[Option, ...] = (
+    Option(_PREFIX + "SHUTDOWN_TIMEOUT", None, "float", "Seconds a shutdown (SIGTERM, exit) may take in "
+           "all: judge pool drain, held spans, sinks, exporters.", 5.0, low=0.0),
+)
+
+_FIELD_OPTIONS: tuple[tuple[str, Option], ...] = tuple((o.field, o) for o in OPTIONS if o.field)
+_BY_FIELD: dict[str, Option] = {opt.field: opt for opt in OPTIONS if opt.field}
+_BY_VAR: dict[str, Option] = {opt.var: opt for opt in (*OPTIONS, *LLM_OPTIONS, *PROCESS_OPTIONS)}
+
+
+def all_options() -> tuple[Option, ...]:
+    """Every option streamjudge reads: STREAMJUDGE_*, EVAL_* and the process-wide ones."""
+    return (*OPTIONS, *LLM_OPTIONS, *PROCESS_OPTIONS)
+
+
+def option(var: str) -> Option:
+    """The option of the environment variable ``var`` (KeyError if streamjudge has none)."""
+    return _BY_VAR[var]
 
 
 def parse_judge_name(var: str, raw: str) -> str:
@@ -307,23 +579,7 @@ def parse_judge_name(var: str, raw: str) -> str:
     if ":" in name:  # package.module:ClassName, checked when the judge is built
         return name
     hint = _did_you_mean(name.lower(), JUDGE_NAMES)
-    raise ConfigError(f"{var}={raw!r}: expected {', '.join(JUDGE_NAMES)} or package.module:ClassName{hint}")
-
-
-def _count(var: str, raw: str) -> int:
-    n = _int(var, raw)
-    if n < 0:
-        raise ConfigError(f"{var}={raw!r}: expected 0 or more")
-    return n
-
-
-def _processes(var: str, raw: str) -> int | Literal["auto"]:
-    if raw.strip().lower() == "auto":
-        return "auto"
-    try:
-        return _count(var, raw)
-    except ConfigError:
-        raise ConfigError(f"{var}={raw!r}: expected 0 or more, or auto") from None
+    raise ConfigError(f"{var}={raw!r}: expected {_JUDGE_EXPECTED}{hint}")
 
 
 def _csv(raw: str) -> tuple[str, ...]:
@@ -336,7 +592,10 @@ def _thresholds(var: str, raw: str) -> dict[str, float]:
         name, sep, value = part.partition("=")
         if not sep:
             raise ConfigError(f"{var}: expected metric=value pairs, got {part!r}")
-        v = _float(var, value.strip())
+        try:
+            v = float(value.strip())
+        except ValueError:
+            v = math.nan
         if not 0.0 <= v <= 1.0:
             raise ConfigError(f"{var}: {part!r}: expected metric=value pairs with values from 0 to 1")
         out[name.strip()] = v
@@ -354,7 +613,7 @@ def _rubrics(var: str, raw: str) -> dict[str, tuple[str, ...]]:
             raise ConfigError(f"{var}: cannot read the rubrics file {raw!r} ({exc.strerror})") from None
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ConfigError(f"{var}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{var}: expected an object of rubric name -> list of evaluation steps")
@@ -371,69 +630,6 @@ def _rubrics(var: str, raw: str) -> dict[str, tuple[str, ...]]:
             raise ConfigError(f"{var}: rubric {name!r} needs a non-empty list of non-empty evaluation steps")
         out[name.strip()] = tuple(x.strip() for x in steps)
     return out
-
-
-def _terminal_frames(var: str, raw: str) -> tuple[str, ...]:
-    # "none" says "hold nothing back" (an empty variable means "default", like every other option)
-    return () if raw.strip().lower() == "none" else _csv(raw)
-
-
-# field name -> (env suffix, parser)
-_ENV_FIELDS: dict[str, tuple[str, Any]] = {
-    "judge": ("JUDGE", parse_judge_name),
-    "checkpoint_judge": ("CHECKPOINT_JUDGE", parse_judge_name),
-    "threshold": ("THRESHOLD", _float),
-    "thresholds": ("THRESHOLDS", _thresholds),
-    "action": ("ACTION", None),
-    "mode": ("MODE", None),
-    "max_regenerations": ("MAX_REGENERATIONS", _int),
-    "fallback_message": ("FALLBACK_MESSAGE", None),
-    "window_sentences": ("CHECKPOINT_SENTENCES", _int),
-    "window_chars": ("CHECKPOINT_CHARS", _int),
-    "checkpoint_every": ("CHECKPOINT_EVERY", _int),
-    "checkpoint_metrics": ("CHECKPOINT_METRICS", "csv"),
-    "final_metrics": ("FINAL_METRICS", "csv"),
-    "geval_rubrics": ("GEVAL_RUBRICS", _rubrics),
-    "preflight": ("PREFLIGHT", _bool),
-    "preflight_threshold": ("PREFLIGHT_THRESHOLD", _float),
-    "preflight_action": ("PREFLIGHT_ACTION", None),
-    "preflight_wait_s": ("PREFLIGHT_WAIT", _float),
-    "final_reconcile": ("FINAL_RECONCILE", _bool),
-    "final_pass": ("FINAL_PASS", None),
-    "end_wait_s": ("END_WAIT", _float),
-    "sample_rate": ("SAMPLE_RATE", _float),
-    "concurrency": ("CONCURRENCY", _int),
-    "queue_size": ("QUEUE_SIZE", _int),
-    "judge_timeout_s": ("JUDGE_TIMEOUT", _float),
-    "max_retries": ("MAX_RETRIES", _int),
-    "retry_backoff_s": ("RETRY_BACKOFF", _float),
-    "per_stream_budget": ("STREAM_BUDGET", _int),
-    "global_budget_per_minute": ("GLOBAL_BUDGET_PER_MINUTE", _int),
-    "judge_cpu_share": ("JUDGE_CPU_SHARE", _float),
-    "judge_cpu_share_max": ("JUDGE_CPU_SHARE_MAX", _float),
-    "judge_linger_s": ("JUDGE_LINGER", _float),
-    "judge_processes": ("JUDGE_PROCESSES", _processes),
-    "judge_worker_nice": ("JUDGE_WORKER_NICE", _int),
-    "hold_timeout_s": ("HOLD_TIMEOUT", _float),
-    "max_judge_input_chars": ("MAX_JUDGE_INPUT_CHARS", _int),
-    "max_queue_chars": ("MAX_QUEUE_CHARS", _int),
-    "capture_content": ("CAPTURE_CONTENT", _bool),
-    "max_text_attribute_chars": ("MAX_TEXT_CHARS", _int),
-    "answer_nodes": ("ANSWER_NODES", "csv"),
-    "sse_token_field": ("SSE_TOKEN_FIELD", None),
-    "terminal_frames": ("TERMINAL_FRAMES", _terminal_frames),
-    "model_path": ("MODEL_PATH", None),
-    "model_backend": ("MODEL_BACKEND", None),
-    "model_batch_size": ("MODEL_BATCH_SIZE", _int),
-    "model_max_batch_ms": ("MODEL_MAX_BATCH_MS", _float),
-    "model_threads": ("MODEL_THREADS", _int),
-    "model_max_length": ("MODEL_MAX_LENGTH", _int),
-    "model_queue_size": ("MODEL_QUEUE_SIZE", _int),
-    "client_events": ("CLIENT_EVENTS", _bool),
-    "openinference_inline": ("OPENINFERENCE_INLINE", _bool),
-    "routes_include": ("ROUTES_INCLUDE", "csv"),
-    "routes_exclude": ("ROUTES_EXCLUDE", _terminal_frames),
-}
 
 
 #: the OpenTelemetry GenAI instrumentations' content switch: the default of ``capture_content``
@@ -471,27 +667,25 @@ def capture_content_from_env(env: Mapping[str, str] | None = None) -> bool:
     return raw.lower() not in ("0", "false", "no", "off")
 
 
-def _llm_settings(env: Mapping[str, str], prefix: str, fallback: JudgeLLMSettings | None) -> JudgeLLMSettings:
-    def get(name: str) -> str | None:
-        v = env.get(f"{prefix}{name}")
-        return v if v else None
-
+def _llm_settings(
+    env: Mapping[str, str], prefix: str, fallback: JudgeLLMSettings | None, errors: list[ConfigError] | None
+) -> JudgeLLMSettings:
+    """The judge LLM ``prefix`` (``EVAL_`` / ``EVAL_CHECKPOINT_``) names; what is unset comes from
+    ``fallback``. With ``errors`` given, an unusable variable is recorded there and left at the fallback."""
     base = fallback or JudgeLLMSettings()
-    timeout_raw = get("TIMEOUT")
-    in_cost = get("INPUT_COST_PER_MTOK")
-    out_cost = get("OUTPUT_COST_PER_MTOK")
-    return JudgeLLMSettings(
-        provider=get("PROVIDER") or base.provider,
-        model=get("MODEL") or base.model,
-        base_url=get("BASE_URL") or base.base_url,
-        api_key=get("API_KEY") or base.api_key,
-        timeout_s=_float(f"{prefix}TIMEOUT", timeout_raw) if timeout_raw else base.timeout_s,
-        input_cost_per_mtok=_float(f"{prefix}INPUT_COST_PER_MTOK", in_cost) if in_cost
-        else base.input_cost_per_mtok,
-        output_cost_per_mtok=_float(f"{prefix}OUTPUT_COST_PER_MTOK", out_cost) if out_cost
-        else base.output_cost_per_mtok,
-        embedding_model=get("EMBEDDING_MODEL") or base.embedding_model,
-    )
+    values: dict[str, Any] = {}
+    for name, suffix, *_ in _LLM_FIELDS:
+        var = prefix + suffix
+        raw = env.get(var)
+        if not raw:
+            continue
+        try:
+            values[name] = _BY_VAR[var].parse(raw)
+        except ConfigError as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
+    return dataclasses.replace(base, **values)
 
 
 def _app_llm_fallback(env: Mapping[str, str]) -> JudgeLLMSettings:
@@ -508,8 +702,8 @@ def _app_llm_fallback(env: Mapping[str, str]) -> JudgeLLMSettings:
 
 def env_var(setting: str) -> str | None:
     """The environment variable of the :class:`Settings` field ``setting`` (None if it has none)."""
-    entry = _ENV_FIELDS.get(setting)
-    return _PREFIX + entry[0] if entry else None
+    opt = _BY_FIELD.get(setting)
+    return opt.var if opt else None
 
 
 #: ``STREAMJUDGE_*`` variables read by other parts of the project (the collector configuration, the test
@@ -539,8 +733,8 @@ def _did_you_mean(name: str, known: Iterable[str]) -> str:
 
 
 def known_env_vars() -> tuple[str, ...]:
-    """Every ``STREAMJUDGE_*`` variable :func:`load_settings` reads."""
-    return tuple(_PREFIX + suffix for suffix, _ in _ENV_FIELDS.values())
+    """Every ``STREAMJUDGE_*`` variable streamjudge reads (:func:`load_settings` and elsewhere)."""
+    return tuple(opt.var for opt in (*OPTIONS, *PROCESS_OPTIONS))
 
 
 def _check_unknown_vars(env: Mapping[str, str]) -> None:
@@ -573,29 +767,23 @@ def _from_env(
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The settings the variables give, and the raw text of each (field name -> value as written).
 
-    With ``errors`` given, a variable that cannot be parsed is recorded there and left at its default.
+    With ``errors`` given, a variable that cannot be used is recorded there and left at its default.
     """
     values: dict[str, Any] = {}
     raw_of: dict[str, str] = {}
-    for fname, (suffix, parser) in _ENV_FIELDS.items():
-        var = _PREFIX + suffix
-        raw = env.get(var)
-        if raw is None or raw == "":
+    for opt in OPTIONS:
+        raw = env.get(opt.var)
+        if raw is None or raw == "" or opt.field is None:
             continue
         try:
-            if parser is None:
-                values[fname] = raw.strip()
-            elif parser == "csv":
-                values[fname] = _csv(raw)
-            else:
-                values[fname] = parser(var, raw)
+            values[opt.field] = opt.parse(raw)
         except ConfigError as exc:
             if errors is None:
                 raise
-            exc.setting = fname
+            exc.setting = opt.field
             errors.append(exc)
             continue
-        raw_of[fname] = raw
+        raw_of[opt.field] = raw
     if "capture_content" not in values and not env.get(_PREFIX + "CAPTURE_CONTENT"):
         values["capture_content"] = capture_content_default(env)
     return values, raw_of
@@ -627,19 +815,11 @@ def _load(
     values, raw_of = _from_env(env, errors)
     for name in overrides:
         raw_of.pop(name, None)
-    try:
-        if "eval_llm" not in overrides:
-            app = _app_llm_fallback(env)
-            values["eval_llm"] = _llm_settings(env, "EVAL_", app)
-        if "checkpoint_llm" not in overrides:
-            final = overrides.get("eval_llm", values.get("eval_llm"))
-            values["checkpoint_llm"] = _llm_settings(env, "EVAL_CHECKPOINT_", final)
-    except ConfigError as exc:
-        if errors is None:
-            raise
-        errors.append(exc)
-        values.pop("eval_llm", None)
-        values.pop("checkpoint_llm", None)
+    if "eval_llm" not in overrides:
+        values["eval_llm"] = _llm_settings(env, "EVAL_", _app_llm_fallback(env), errors)
+    if "checkpoint_llm" not in overrides:
+        final = overrides.get("eval_llm", values.get("eval_llm"))
+        values["checkpoint_llm"] = _llm_settings(env, "EVAL_CHECKPOINT_", final, errors)
     values.update(overrides)
     processes = values.get("judge_processes", 0)
     if type(processes) is int and processes > 0 and "concurrency" not in values:
@@ -662,13 +842,44 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
     return _load(env, dict(overrides), None)
 
 
+def _show(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(value) or "none"
+    if isinstance(value, str):
+        return value or "empty"
+    return _num(value) if isinstance(value, float) else str(value)
+
+
+def _with_default(exc: ConfigError) -> str:
+    """The error and what is used instead: the setting's default."""
+    opt = _BY_FIELD.get(exc.setting or "") or next(
+        (o for o in (*LLM_OPTIONS, *PROCESS_OPTIONS) if str(exc).startswith(o.var + "=")), None)
+    if opt is None:
+        return f"{exc} (using the defaults)"
+    return f"{exc} (using the default: {_show(opt.default)})"
+
+
+def _report_once(log: logging.Logger, errors: list[ConfigError]) -> None:
+    line = "streamjudge: " + "; ".join(_with_default(e) for e in errors)
+    with _warned_lock:
+        if ("error:" + line) in _warned:
+            return
+        _warned.add("error:" + line)
+    log.error("%s", line)
+
+
 def load_settings_or_default(
     log: logging.Logger | None = None, env: Mapping[str, str] | None = None, **overrides: Any
 ) -> Settings:
     """Like :func:`load_settings`, but never raises: a variable that cannot be used keeps its default.
 
     For the zero-code path, where a bad setting must not stop the application: logs one line (on ``log``,
-    default this module's logger) naming each unusable variable and what it accepts, and carries on.
+    default this module's logger; once per process for the same errors) naming each unusable variable,
+    what it accepts and the default used instead, and carries on.
     """
     errors: list[ConfigError] = []
     try:
@@ -677,9 +888,20 @@ def load_settings_or_default(
         errors.append(exc)
         settings = Settings()
     if errors:
-        (log or _log).error(
-            "streamjudge: %s; %s",
-            "; ".join(str(e) for e in errors),
-            "using the default for it" if len(errors) == 1 else "using the defaults for them",
-        )
+        _report_once(log or _log, errors)
     return settings
+
+
+def option_from_env(var: str, env: Mapping[str, str] | None = None, log: logging.Logger | None = None) -> Any:
+    """The value of the option ``var`` (one of :data:`PROCESS_OPTIONS` or :data:`OPTIONS`) from ``env``
+    (default ``os.environ``): its default when unset; when unusable, its default too, and the error is
+    logged once (on ``log``, default this module's logger)."""
+    opt = _BY_VAR[var]
+    raw = (os.environ if env is None else env).get(var)
+    if raw is None or not raw.strip():
+        return opt.default
+    try:
+        return opt.parse(raw)
+    except ConfigError as exc:
+        _report_once(log or _log, [exc])
+        return opt.default
