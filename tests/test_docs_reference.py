@@ -1,7 +1,7 @@
 """The generated reference pages match the code, and every variable the package reads is documented.
 
 The settings page (docs/reference/settings.md) is written from ``streamjudge.config``'s option table by
-docs/hooks/settings_ref.py; a variable read anywhere else in the package must be listed there by hand. These
+docs/hooks/reference.py; a variable read anywhere else in the package must be listed there by hand. These
 tests find the variables two ways: every environment-variable name written in the package's source, and
 every name ``load_settings`` asks an environment for (names built at run time, such as ``EVAL_CHECKPOINT_*``).
 """
@@ -29,7 +29,7 @@ _NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("settings_ref", ROOT / "docs" / "hooks" / "settings_ref.py")
+    spec = importlib.util.spec_from_file_location("reference", ROOT / "docs" / "hooks" / "reference.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -112,7 +112,7 @@ def test_the_generated_pages_are_up_to_date() -> None:
     gen = _generator()
     for path, text in gen.pages().items():
         assert path.read_text(encoding="utf-8") == text, (
-            f"{path.relative_to(ROOT)} is stale: run `python docs/hooks/settings_ref.py` (or `make docs`)")
+            f"{path.relative_to(ROOT)} is stale: run `python docs/hooks/reference.py` (or `make docs`)")
 
 
 def test_every_option_is_in_the_settings_reference_with_its_default_and_range() -> None:

@@ -19,4 +19,5 @@ class SphinxRoles(Extension):
     def on_instance(self, *, obj: Any, **kwargs: Any) -> None:
         doc = getattr(obj, "docstring", None)
         if doc is not None:
-            doc.value = _LITERAL.sub(r"`\1`", _ROLE.sub(lambda m: f"`{m.group(1).split('.')[-1]}`", doc.value))
+            text = _ROLE.sub(lambda m: f"`{m.group(1).split('.')[-1]}`", doc.value)
+            doc.value = _LITERAL.sub(r"`\1`", text)
