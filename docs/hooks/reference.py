@@ -274,7 +274,7 @@ def _templates(source: str) -> dict[int, tuple[str, str]]:
         if isinstance(node, ast.FunctionDef) and isinstance(node.body[-1], ast.Return):
             ret = node.body[-1].value
             if isinstance(ret, ast.JoinedStr):
-                pattern = "".join(p.value if isinstance(p, ast.Constant) else f"<{ast.unparse(p.value)}>"
+                pattern = "".join(str(p.value) if isinstance(p, ast.Constant) else f"<{ast.unparse(p.value)}>"
                                   for p in ret.values if isinstance(p, ast.Constant | ast.FormattedValue))
                 found[node.lineno] = (pattern, " ".join((ast.get_docstring(node) or "").split()))
     return found
