@@ -1,12 +1,13 @@
 # The documentation site (mkdocs.yml, docs/): `make docs` builds it in strict mode, so a broken link, a
 # missing page or a settings reference that no longer matches `Settings` fails the build (and `make test`).
-# The site goes to $(CACHE)/site, outside the repo.
+# The site goes to $(CACHE)/site, outside the repo. No --quiet: it hides the warnings strict mode counts, and
+# the build then passes with a broken link.
 DOCS_SITE ?= $(CACHE)/site
 
 .PHONY: docs docs-serve
 
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $(DOCS_SITE)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(DOCS_SITE)
 	@echo $(DOCS_SITE)/index.html
 
 # live preview on 127.0.0.1:8008
