@@ -1,5 +1,6 @@
-# The documentation site (mkdocs.yml, docs/): `make docs` builds it in strict mode, so a broken link, a
-# missing page or a settings reference that no longer matches `Settings` fails the build (and `make test`).
+# The documentation site (mkdocs.yml, docs/): `make docs` builds it in strict mode, so a broken link or a
+# nav entry without its page fails the build (and `make test`). The reference pages (settings, command line,
+# telemetry names) are written from the code first, by the hook docs/hooks/reference.py.
 # The site goes to $(CACHE)/site, outside the repo. No --quiet: it hides the warnings strict mode counts, and
 # the build then passes with a broken link.
 DOCS_SITE ?= $(CACHE)/site
