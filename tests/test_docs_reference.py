@@ -148,3 +148,16 @@ def test_every_variable_listed_by_hand_is_still_used() -> None:
                      if p.name != "test_docs_reference.py")
     for name, _what in (*gen.OTHER_READ, *gen.SET_FOR_OTHERS, *gen.HARNESS):
         assert name in text, f"{name} is documented but nothing reads or sets it any more"
+
+
+def test_a_page_left_out_of_the_nav_is_listed_under_more(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("nav_hook", ROOT / "docs" / "hooks" / "nav.py")
+    assert spec and spec.loader
+    nav_hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nav_hook)
+    for rel in ("index.md", "a/in.md", "a/out.md", "new.md", "hooks/notes.md"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("# x\n")
+    config = {"docs_dir": str(tmp_path), "nav": [{"Home": "index.md"}, {"A": [{"In": "a/in.md"}]}]}
+    nav_hook.on_config(config)
+    assert config["nav"][-1] == {"More": ["a/out.md", "new.md"]}
