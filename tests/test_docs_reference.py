@@ -150,14 +150,21 @@ def test_every_variable_listed_by_hand_is_still_used() -> None:
         assert name in text, f"{name} is documented but nothing reads or sets it any more"
 
 
-def test_a_page_left_out_of_the_nav_is_listed_under_more(tmp_path: Path) -> None:
+def test_a_page_left_out_of_the_nav_is_placed_or_listed_under_more(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("nav_hook", ROOT / "docs" / "hooks" / "nav.py")
     assert spec and spec.loader
     nav_hook = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nav_hook)
-    for rel in ("index.md", "a/in.md", "a/out.md", "new.md", "hooks/notes.md"):
+    for rel in ("index.md", "library.md", "offline.md", "a/out.md", "new.md", "judges.md", "hooks/notes.md"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("# x\n")
-    config = {"docs_dir": str(tmp_path), "nav": [{"Home": "index.md"}, {"A": [{"In": "a/in.md"}]}]}
+    nav = [{"Home": "index.md"}, {"Use it": [{"Library": "library.md"}, {"Offline": "offline.md"}]}]
+    config = {"docs_dir": str(tmp_path), "nav": nav}
     nav_hook.on_config(config)
-    assert config["nav"][-1] == {"More": ["a/out.md", "new.md"]}
+    # judges.md's section is not in this nav, app-shapes.md does not exist: neither is placed
+    assert nav[1] == {"Use it": [{"Library": "library.md"}, {"Offline": "offline.md"}]}
+    assert nav[-1] == {"More": ["a/out.md", "judges.md", "new.md"]}
+    (tmp_path / "app-shapes.md").write_text("# x\n")
+    nav = [{"Use it": [{"Library": "library.md"}, {"Offline": "offline.md"}]}]
+    nav_hook.on_config({"docs_dir": str(tmp_path), "nav": nav})
+    assert nav[0]["Use it"][1] == {"App shapes": "app-shapes.md"}  # after the page it follows
