@@ -165,6 +165,8 @@ def test_a_page_left_out_of_the_nav_is_placed_or_listed_under_more(tmp_path: Pat
     assert nav[1] == {"Use it": [{"Library": "library.md"}, {"Offline": "offline.md"}]}
     assert nav[-1] == {"More": ["a/out.md", "judges.md", "new.md"]}
     (tmp_path / "app-shapes.md").write_text("# x\n")
+    (tmp_path / "app-shapes-langchain.md").write_text("# x\n")  # follows app-shapes.md, sorts before it
     nav = [{"Use it": [{"Library": "library.md"}, {"Offline": "offline.md"}]}]
     nav_hook.on_config({"docs_dir": str(tmp_path), "nav": nav})
-    assert nav[0]["Use it"][1] == {"App shapes": "app-shapes.md"}  # after the page it follows
+    assert [next(iter(e.values())) for e in nav[0]["Use it"]] == [
+        "library.md", "app-shapes.md", "app-shapes-langchain.md", "offline.md"]

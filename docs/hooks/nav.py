@@ -62,8 +62,10 @@ def on_config(config: Any) -> Any:
     """Place the known pages that exist; list the rest of the left-out pages under "More"."""
     nav = config["nav"]
     if nav:
-        extra = [p for p in missing_from_nav(Path(config["docs_dir"]), nav)
-                 if p not in PLACES or not _place(nav, p)]
+        missing = missing_from_nav(Path(config["docs_dir"]), nav)
+        # in PLACES' order, so a page follows one placed just before it
+        placed = {p for p in PLACES if p in missing and _place(nav, p)}
+        extra = [p for p in missing if p not in placed]
         if extra:
             nav.append({"More": extra})
     return config
