@@ -48,3 +48,12 @@ def test_an_unreadable_genai_value_warns_once_and_captures(caplog: pytest.LogCap
 
 def test_an_override_in_code_wins_over_both() -> None:
     assert load_settings({GENAI: "false"}, capture_content=True).capture_content is True
+
+
+@pytest.mark.parametrize("genai", ["false", "NO_CONTENT"])
+def test_an_unreadable_streamjudge_value_falls_back_to_the_genai_switch(genai: str) -> None:
+    # a typo in our switch must not turn capture on against the GenAI switch the user set to off
+    env = {"STREAMJUDGE_CAPTURE_CONTENT": "fasle", GENAI: genai}
+    assert config.load_settings_or_default(env=env).capture_content is False
+    assert capture_content_from_env(env) is False
+    assert config.load_settings_or_default(env={"STREAMJUDGE_CAPTURE_CONTENT": "fasle"}).capture_content is True

@@ -165,7 +165,7 @@ def test_the_judge_names_accepted_are_the_built_in_judges() -> None:
         ("STREAMJUDGE_JUDGE_PROCESSES", "100000000000000000000", "an integer from 0 to 64, or auto", "auto"),
         ("STREAMJUDGE_JUDGE_PROCESSES", "-2", "an integer from 0 to 64, or auto", "auto"),
         ("STREAMJUDGE_RETRY_BACKOFF", "-0.5", "a number >= 0", "0.2"),
-        ("STREAMJUDGE_PREFLIGHT_WAIT", "nan", "a number from 0 to 60", "0.05"),
+        ("STREAMJUDGE_PREFLIGHT_WAIT", "nan", "a number >= 0", "0.05"),
         ("STREAMJUDGE_MAX_RETRIES", "-1", "an integer >= 0", "2"),
         ("STREAMJUDGE_JUDGE_CPU_SHARE", "nan", "a number from 0 to 1", "0.15"),
         ("STREAMJUDGE_MODEL_BATCH_SIZE", "0", "an integer >= 1", "16"),
@@ -256,3 +256,25 @@ def test_every_settings_field_with_a_variable_has_one_option_and_its_default() -
         if o.low is not None or o.high is not None:
             assert o.kind in ("int", "float", "processes"), o.var
     assert set(config.known_env_vars()) == {o.var for o in options if o.var.startswith("STREAMJUDGE_")}
+
+
+def test_a_bad_shutdown_timeout_is_said_at_start_up_once(caplog: pytest.LogCaptureFixture) -> None:
+    from streamjudge import _deadline
+
+    env = {"STREAMJUDGE_SHUTDOWN_TIMEOUT": "nan"}
+    with pytest.raises(ConfigError, match="STREAMJUDGE_SHUTDOWN_TIMEOUT='nan'"):
+        load_settings(env)
+    with caplog.at_level(logging.ERROR):
+        load_settings_or_default(env=env)  # at start-up
+        assert _deadline.shutdown_timeout_s(env) == 5.0  # at shutdown: the default, not said again
+    assert [r.getMessage() for r in caplog.records] == [
+        "streamjudge: STREAMJUDGE_SHUTDOWN_TIMEOUT='nan': expected a number >= 0 (using the default: 5)"]
+
+
+def test_a_judge_llm_setting_in_code_is_checked_like_its_variable() -> None:
+    with pytest.raises(ConfigError, match=r"JudgeLLMSettings.timeout_s=nan: expected a number > 0 "
+                                          r"\(environment: EVAL_TIMEOUT / EVAL_CHECKPOINT_TIMEOUT\)"):
+        config.JudgeLLMSettings(timeout_s=float("nan"))
+    with pytest.raises(ConfigError, match="input_cost_per_mtok=-1"):
+        config.JudgeLLMSettings(input_cost_per_mtok=-1)
+    assert config.JudgeLLMSettings(timeout_s=5).timeout_s == 5

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -191,3 +192,34 @@ def test_a_metric_skipped_on_a_judge_error_does_not_carry_the_key(monkeypatch: p
     faith = result.get("faithfulness")
     assert faith is not None and faith.skipped is not None and faith.skipped.startswith("judge_error: ")
     assert KEY not in faith.skipped and MASK in faith.skipped  # the skip reason becomes a span attribute
+
+
+@pytest.mark.parametrize(("text", "out"), [
+    ("POST https://judge:s3cr3t-pw@llm.internal/v1/chat/completions 401",
+     f"POST https://judge:{MASK}@llm.internal/v1/chat/completions 401"),
+    ("connect to redis://:hunter2@cache:6379/0 failed", f"connect to redis://:{MASK}@cache:6379/0 failed"),
+    ("http://127.0.0.1:8080/v1/x@y", "http://127.0.0.1:8080/v1/x@y"),  # a port, then a path: no password
+    ("mail me at bob@example.com via https://example.com", "mail me at bob@example.com via https://example.com"),
+])
+def test_the_password_of_a_url_is_removed(text: str, out: str) -> None:
+    assert redact(text) == out
+
+
+def test_httpx_logs_a_judge_url_without_its_password(gateway: str, caplog: pytest.LogCaptureFixture) -> None:
+    # httpx logs every request's URL at INFO; a password in EVAL_BASE_URL must not reach the app's logs
+    password = "pw-in-the-url-4242"
+    url = gateway.replace("http://", f"http://judge:{password}@") + "/v1"
+    settings = load_settings({"EVAL_MODEL": "m", "EVAL_BASE_URL": url, "EVAL_API_KEY": "x"})
+    judge = LLMJudge.from_settings(settings)
+
+    async def run() -> None:
+        try:
+            await judge.evaluate(EvalInput(question="Q?", answer="A.", contexts=("A.",)), ["faithfulness"])
+        finally:
+            await judge.aclose()
+
+    with caplog.at_level(logging.INFO), pytest.raises(JudgeError):
+        asyncio.run(run())
+    requests = [r.getMessage() for r in caplog.records if r.getMessage().startswith("HTTP Request:")]
+    assert requests and all(f"judge:{MASK}@127.0.0.1" in line for line in requests), requests
+    assert password not in caplog.text

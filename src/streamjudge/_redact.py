@@ -10,7 +10,11 @@ A judge endpoint or a backend that rejects a request often echoes it: a gateway'
   :data:`MIN_SECRET_CHARS` characters: shorter ones are flags and sizes, not secrets), and of the secrets
   registered with :func:`register_secret` (keys passed in code rather than the environment);
 * what looks like a credential whatever its origin: ``Bearer``/``Basic`` authorization values, OpenAI /
-  Anthropic / Langfuse style keys (``sk-...``, ``pk-lf-...``) and ``api_key=...``-style assignments.
+  Anthropic / Langfuse style keys (``sk-...``, ``pk-lf-...``), ``api_key=...``-style assignments and the
+  password of a URL (``https://user:password@host``).
+
+HTTP clients log the URLs they call: :func:`redact_http_client_logs` puts a filter on httpx's loggers so
+that a judge endpoint with credentials in its URL does not write them to the app's logs at INFO level.
 
 It is meant for error paths; when nothing matches it costs a few substring searches (~5 us for 300 chars).
 """
@@ -18,12 +22,16 @@ It is meant for error paths; when nothing matches it costs a few substring searc
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import re
 import threading
 from typing import Any, Final
 
-__all__ = ["MASK", "MIN_SECRET_CHARS", "SECRET_ENV_VARS", "redact", "register_secret"]
+__all__ = [
+    "MASK", "MIN_SECRET_CHARS", "SECRET_ENV_VARS", "RedactingFilter", "redact", "redact_http_client_logs",
+    "register_secret",
+]
 
 #: what a removed secret is replaced with
 MASK: Final = "[REDACTED]"
@@ -49,6 +57,9 @@ _PATTERN: Final = re.compile(
     r"|(?i:(\b(?:api[_-]?key|access[_-]?token|auth[_-]?token|secret|password|passwd)[\"']?\s*[:=]\s*[\"']?))"
     r"[^\s\"'&,;}]{4,}"  # api_key=..., "secret": "..."
 )
+
+# the password of a URL's user info; group 1 (scheme, user and colon) is kept
+_URL_PASSWORD: Final = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/?#@:]*:)[^\s/?#@]+@")
 
 # a match of _PATTERN contains one of these (lowercased): the regex only runs on text that has one
 _TRIGGERS: Final = ("bearer", "basic", "sk-", "rk-", "pk-lf-", "api", "token", "secret", "passw")
@@ -105,4 +116,36 @@ def redact(text: str) -> str:
     lower = text.lower()
     if any(t in lower for t in _TRIGGERS):
         text = _PATTERN.sub(_mask, text)
+    if "://" in text and "@" in text:
+        text = _URL_PASSWORD.sub(lambda m: m.group(1) + MASK + "@", text)
     return text
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that passes every record on with :func:`redact` applied to its message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a record whose arguments do not fit its format: leave it to the handler
+            return True
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+_FILTER: Final = RedactingFilter()
+#: the loggers of the HTTP clients the judge SDKs use; httpx logs every request's URL at INFO level
+HTTP_CLIENT_LOGGERS: Final = ("httpx", "httpx2")
+
+
+def redact_http_client_logs(*names: str) -> None:
+    """Filter the loggers ``names`` (default :data:`HTTP_CLIENT_LOGGERS`) through :func:`redact`; once each.
+
+    A filter runs only for records its logger is enabled for, so it costs nothing while they stay below
+    INFO (Python's default WARNING)."""
+    for name in names or HTTP_CLIENT_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)

@@ -109,6 +109,18 @@ class JudgeLLMSettings:
     # embedding model on the same endpoint (ragas answer relevancy); None = the framework's default
     embedding_model: str | None = None
 
+    def __post_init__(self) -> None:
+        # the same checks as the EVAL_* options (a JudgeLLMSettings serves the final pass or checkpoints)
+        for name, suffix, *_ in _LLM_FIELDS:
+            opt = _BY_VAR["EVAL_" + suffix]
+            try:
+                opt._accept(getattr(self, name))
+            except _Rejected:
+                raise ConfigError(
+                    f"JudgeLLMSettings.{name}={getattr(self, name)!r}: expected {opt.accepts} "
+                    f"(environment: EVAL_{suffix} / EVAL_CHECKPOINT_{suffix})", expected=opt.accepts,
+                ) from None
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -304,6 +316,11 @@ class Option:
         return KIND_NAMES[self.kind]
 
     @property
+    def default_text(self) -> str:
+        """The default as the settings reference and the error lines show it."""
+        return _show(self.default)
+
+    @property
     def accepts(self) -> str:
         """What the option accepts, in words (the end of every error about it)."""
         kind = self.kind
@@ -453,7 +470,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("preflight_action", "PREFLIGHT_ACTION", "choice", "What a low pre-flight score does.",
        choices=_PREFLIGHT_ACTIONS),
     _o("preflight_wait_s", "PREFLIGHT_WAIT", "float", "Seconds the first token may wait for the "
-       "pre-flight score.", low=0.0, high=60.0),
+       "pre-flight score.", **_SECONDS),
     _o("final_reconcile", "FINAL_RECONCILE", "bool", "Judge the complete answer with the full suite."),
     _o("final_pass", "FINAL_PASS", "choice", "Where the final pass runs: here, or in streamjudge worker.",
        choices=_FINAL_PASSES),
@@ -476,7 +493,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("judge_cpu_share_max", "JUDGE_CPU_SHARE_MAX", "float", "How far that cap may rise while the app "
        "keeps time (at most STREAMJUDGE_JUDGE_CPU_SHARE: a fixed cap).", **_PROBABILITY),
     _o("judge_linger_s", "JUDGE_LINGER", "float", "Seconds the idle pool polls for work before it "
-       "sleeps.", low=0.0, high=1.0),
+       "sleeps.", **_SECONDS),
     _o("judge_processes", "JUDGE_PROCESSES", "processes", "Worker processes for a CPU-bound judge "
        "(0: in the pool's thread; auto: when measured to help).", low=0, high=64),
     _o("judge_worker_nice", "JUDGE_WORKER_NICE", "int", "Niceness of judge worker processes.", low=0,
@@ -512,7 +529,7 @@ OPTIONS: tuple[Option, ...] = (
        choices=("auto", "onnx", "torch")),
     _o("model_batch_size", "MODEL_BATCH_SIZE", "int", "Pairs per inference batch.", low=1),
     _o("model_max_batch_ms", "MODEL_MAX_BATCH_MS", "float", "Milliseconds a batch waits to fill.",
-       low=0.0, high=1000.0),
+       low=0.0),
     _o("model_threads", "MODEL_THREADS", "int", "ONNX Runtime intra-op threads (0: its default).", low=0),
     _o("model_max_length", "MODEL_MAX_LENGTH", "int", "The model's input window in tokens (0: from its "
        "config).", low=0),
@@ -536,9 +553,9 @@ _LLM_FIELDS: tuple[tuple[str, str, str, str, dict[str, Any]], ...] = (
 
 
 def _llm_options(prefix: str, target: str, doc_suffix: str) -> tuple[Option, ...]:
-    base = JudgeLLMSettings()
+    defaults = {f.name: f.default for f in dataclasses.fields(JudgeLLMSettings)}
     return tuple(
-        Option(prefix + suffix, f"{target}.{name}", kind, doc + doc_suffix, getattr(base, name), **kw)
+        Option(prefix + suffix, f"{target}.{name}", kind, doc + doc_suffix, defaults[name], **kw)
         for name, suffix, kind, doc, kw in _LLM_FIELDS
     )
 
@@ -554,6 +571,17 @@ PROCESS_OPTIONS: tuple[Option, ...] = (
     Option(_PREFIX + "SHUTDOWN_TIMEOUT", None, "float", "Seconds a shutdown (SIGTERM, exit) may take in "
            "all: judge pool drain, held spans, sinks, exporters.", 5.0, low=0.0),
 )
+
+#: variables of other software that streamjudge reads as defaults of its own options
+BORROWED_VARIABLES: Mapping[str, str] = {
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "Default of STREAMJUDGE_CAPTURE_CONTENT: false, "
+    "NO_CONTENT or EVENT_ONLY turn content capture off.",
+    "OPENAI_API_KEY": "The judge LLM's key when no EVAL_* variable is set (the app's own OpenAI settings).",
+    "OPENAI_BASE_URL": "The judge LLM's endpoint when no EVAL_* variable is set.",
+    "OPENAI_MODEL": "The judge LLM's model when no EVAL_* variable is set.",
+    "ANTHROPIC_API_KEY": "The judge LLM's key (Anthropic) when no EVAL_* variable nor OPENAI_API_KEY is set.",
+    "ANTHROPIC_BASE_URL": "The Anthropic judge LLM's endpoint in that case.",
+}
 
 _FIELD_OPTIONS: tuple[tuple[str, Option], ...] = tuple((o.field, o) for o in OPTIONS if o.field)
 _BY_FIELD: dict[str, Option] = {opt.field: opt for opt in OPTIONS if opt.field}
@@ -658,13 +686,16 @@ def capture_content_default(env: Mapping[str, str] | None = None) -> bool:
 
 
 def capture_content_from_env(env: Mapping[str, str] | None = None) -> bool:
-    """``STREAMJUDGE_CAPTURE_CONTENT`` when set (an unreadable value counts as on, as for the default),
-    else :func:`capture_content_default`."""
+    """``STREAMJUDGE_CAPTURE_CONTENT`` when set and readable, else :func:`capture_content_default` (the
+    same answer as ``load_settings(env).capture_content``)."""
     env = os.environ if env is None else env
     raw = (env.get(_PREFIX + "CAPTURE_CONTENT") or "").strip()
-    if not raw:
-        return capture_content_default(env)
-    return raw.lower() not in ("0", "false", "no", "off")
+    if raw:
+        try:
+            return bool(_BY_VAR[_PREFIX + "CAPTURE_CONTENT"].parse(raw))
+        except ConfigError:
+            pass  # load_settings reports it
+    return capture_content_default(env)
 
 
 def _llm_settings(
@@ -784,7 +815,7 @@ def _from_env(
             errors.append(exc)
             continue
         raw_of[opt.field] = raw
-    if "capture_content" not in values and not env.get(_PREFIX + "CAPTURE_CONTENT"):
+    if "capture_content" not in values:  # unset or unusable: the GenAI instrumentations' switch decides
         values["capture_content"] = capture_content_default(env)
     return values, raw_of
 
@@ -813,6 +844,15 @@ def _load(
     env = os.environ if env is None else env
     _check_unknown_vars(env)
     values, raw_of = _from_env(env, errors)
+    for opt in PROCESS_OPTIONS:  # read elsewhere, later (at shutdown): checked now, when it can be said
+        raw = env.get(opt.var)
+        if raw and raw.strip():
+            try:
+                opt.parse(raw)
+            except ConfigError as exc:
+                if errors is None:
+                    raise
+                errors.append(exc)
     for name in overrides:
         raw_of.pop(name, None)
     if "eval_llm" not in overrides:
@@ -849,6 +889,8 @@ def _show(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, tuple):
         return ",".join(value) or "none"
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
     if isinstance(value, str):
         return value or "empty"
     return _num(value) if isinstance(value, float) else str(value)
@@ -860,16 +902,16 @@ def _with_default(exc: ConfigError) -> str:
         (o for o in (*LLM_OPTIONS, *PROCESS_OPTIONS) if str(exc).startswith(o.var + "=")), None)
     if opt is None:
         return f"{exc} (using the defaults)"
-    return f"{exc} (using the default: {_show(opt.default)})"
+    return f"{exc} (using the default: {opt.default_text})"
 
 
 def _report_once(log: logging.Logger, errors: list[ConfigError]) -> None:
-    line = "streamjudge: " + "; ".join(_with_default(e) for e in errors)
+    """One error line for the errors not reported before in this process."""
     with _warned_lock:
-        if ("error:" + line) in _warned:
-            return
-        _warned.add("error:" + line)
-    log.error("%s", line)
+        fresh = [e for e in errors if "error:" + str(e) not in _warned]
+        _warned.update("error:" + str(e) for e in fresh)
+    if fresh:
+        log.error("streamjudge: %s", "; ".join(_with_default(e) for e in fresh))
 
 
 def load_settings_or_default(

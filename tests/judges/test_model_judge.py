@@ -309,9 +309,9 @@ def test_missing_files_are_named(tmp_path: Path) -> None:
 
 
 def test_bad_option_values_name_their_variable(model_dir: Path) -> None:
-    with pytest.raises(ConfigError, match="STREAMJUDGE_MODEL_BATCH_SIZE=0"):
+    with pytest.raises(ConfigError, match=r"model_batch_size=0: expected an integer >= 1 .*STREAMJUDGE_MODEL_BATCH_SIZE"):
         make_judge(model_dir, model_batch_size=0)
-    with pytest.raises(ConfigError, match="STREAMJUDGE_MODEL_BACKEND='tensorflow'"):
+    with pytest.raises(ConfigError, match=r"model_backend='tensorflow': .*STREAMJUDGE_MODEL_BACKEND"):
         make_judge(model_dir, model_backend="tensorflow")
     with pytest.raises(ConfigError, match="STREAMJUDGE_MODEL_THREADS"):
         load_settings({"STREAMJUDGE_MODEL_THREADS": "two"})

@@ -512,8 +512,9 @@ def test_a_capped_worker_keeps_to_its_share_of_a_core(monkeypatch: pytest.Monkey
     free, n = asyncio.run(share(0.0))
     capped, m = asyncio.run(share(0.2))
     assert n == m == len(work)
-    # the cap, plus its 50 ms burst and the clock's 10 ms ticks over a run of seconds
-    assert capped < 0.3 < free, (capped, free)
+    # the cap, plus its 50 ms burst and the clock's 10 ms ticks over a run of seconds; the free worker is
+    # not compared with a fixed share: on shared cores it may get less than the cap itself
+    assert capped < 0.3, (capped, free)
 
 
 def test_a_stream_guarded_with_judge_processes_gets_the_in_process_verdicts(harness: Harness) -> None:

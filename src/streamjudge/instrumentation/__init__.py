@@ -22,6 +22,7 @@ from wrapt import wrap_function_wrapper
 from streamjudge import semconv
 from streamjudge._version import __version__
 from streamjudge.config import Settings
+from streamjudge.instrumentation import _privacy
 from streamjudge.instrumentation._asgi import FrameHook, StreamJudgeMiddleware, default_frame_hook
 from streamjudge.instrumentation._setup import ensure_runtime
 from streamjudge.instrumentation._sse import DEFAULT_TOKEN_EVENTS, SSEFrame, TokenExtractor
@@ -46,24 +47,6 @@ def _unwrap(obj: Any, attr: str) -> None:
     func = vars(obj).get(attr)
     if func is not None and hasattr(func, "__wrapped__"):
         setattr(obj, attr, func.__wrapped__)
-
-
-def _openinference_config(settings: Settings) -> dict[str, Any]:
-    """openinference's own hiding settings for streamjudge's content-capture policy: with capture off, the
-    LangChain spans it switches on must not export question, documents or answer either."""
-    if settings.capture_content:
-        return {}
-    try:
-        from openinference.instrumentation import TraceConfig
-    except ImportError:  # an openinference too old to hide content: say so rather than leak quietly
-        _log.warning("streamjudge: STREAMJUDGE_CAPTURE_CONTENT=false, but this openinference cannot hide "
-                     "LangChain inputs and outputs")
-        return {}
-    return {"config": TraceConfig(
-        hide_inputs=True, hide_outputs=True, hide_input_messages=True, hide_output_messages=True,
-        hide_input_text=True, hide_output_text=True, hide_prompts=True, hide_choices=True,
-        hide_retrieval_documents=True, hide_embeddings_text=True, hide_llm_invocation_parameters=True,
-    )}
 
 
 class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
@@ -129,8 +112,15 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
 
             oi = LangChainInstrumentor()
             if not oi.is_instrumented_by_opentelemetry:
-                oi.instrument(tracer_provider=rt.tracer_provider, **_openinference_config(rt.settings))
+                oi.instrument(tracer_provider=rt.tracer_provider,
+                              **_privacy.openinference_kwargs(self._settings.capture_content))
                 self._enabled_openinference = True
+            elif not self._settings.capture_content:
+                self._hide_in_running(oi, rt)
+            if not self._settings.capture_content and "_instrument" in vars(LangChainInstrumentor):
+                # whoever switches it on again while we run (the app, its entry point) hides text too
+                wrap_function_wrapper(LangChainInstrumentor, "_instrument", _privacy.hide_on_instrument)
+                self._patched.append((LangChainInstrumentor, "_instrument"))
             oi_tracer_cls = OpenInferenceTracer
             node_span_lookup = oi.get_span
         except ImportError:
@@ -185,6 +175,19 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             if attr in vars(BaseChatModel):
                 wrap_function_wrapper(BaseChatModel, attr, self._models.caller_wrapper)  # type: ignore[union-attr]
                 self._patched.append((BaseChatModel, attr))
+
+    def _hide_in_running(self, oi: Any, rt: Any) -> None:
+        """openinference was switched on before us (its entry point ran first, or the app did it): its
+        tracer gets the hiding settings; if this openinference keeps it elsewhere, it is switched on again
+        with them, into our provider."""
+        undo = _privacy.hide_in_running(oi)
+        if undo is not None:
+            self._restore.append(undo)
+            return
+        _log.warning("streamjudge: openinference's LangChain instrumentation was set up without hiding "
+                     "content; setting it up again with STREAMJUDGE_CAPTURE_CONTENT=false")
+        oi.uninstrument()
+        oi.instrument(tracer_provider=rt.tracer_provider, **_privacy.openinference_kwargs(False))
 
     # --- FastAPI / Starlette ------------------------------------------------------------------------
     def _instrument_web(self) -> None:

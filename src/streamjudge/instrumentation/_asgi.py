@@ -36,6 +36,7 @@ from opentelemetry import trace
 from streamjudge.config import DEFAULT_ROUTES_EXCLUDE, DEFAULT_TERMINAL_FRAMES
 from streamjudge.instrumentation import _binding
 from streamjudge.instrumentation._binding import StreamBinding
+from streamjudge.instrumentation._privacy import hide_query
 from streamjudge.instrumentation._sse import (
     DEFAULT_TOKEN_EVENTS,
     DONE_EVENTS,
@@ -183,6 +184,8 @@ class StreamJudgeMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
+        if scope.get("query_string") and kind in ("http", "websocket"):
+            hide_query(scope)  # capture off: the question in a GET's query string stays off the server span
         if kind in ("http", "websocket") and not self._judged_route(scope.get("path", "")):
             await self.app(scope, receive, send)
         elif kind == "http":
@@ -517,8 +520,9 @@ class _WebSocket:
         mtype = message["type"]
         if mtype == "websocket.send":
             text = message.get("text")
-            if text is None and message.get("bytes") is not None:
-                text = bytes(message["bytes"]).decode("utf-8", "replace")
+            if text is None:  # a binary message (audio, an image, a file) is no answer text: not judged
+                await self._send(message)
+                return
             payload: Any = None
             if text and text[0] == "{":
                 try:

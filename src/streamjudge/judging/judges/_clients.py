@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from streamjudge._redact import redact, register_secret
+from streamjudge._redact import redact, redact_http_client_logs, register_secret
 from streamjudge.config import ConfigError, JudgeLLMSettings
 from streamjudge.judging.base import JudgeError, TransientJudgeError, Usage
 
@@ -302,6 +302,7 @@ def _http_client(sdk_package: str, settings: JudgeLLMSettings, pricing: Pricing)
     """An async HTTP client of the kind the SDK expects (newer openai/anthropic SDKs use ``httpx2``)."""
     base = importlib.import_module(f"{sdk_package}._base_client")
     mod = getattr(base, "httpx2", None) or getattr(base, "httpx", None) or httpx
+    redact_http_client_logs(mod.__name__)  # it logs each URL at INFO: a password in EVAL_BASE_URL too
     return mod.AsyncClient(
         timeout=mod.Timeout(settings.timeout_s, connect=min(10.0, settings.timeout_s)),
         limits=mod.Limits(max_connections=64, max_keepalive_connections=16),
