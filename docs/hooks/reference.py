@@ -22,9 +22,9 @@ SEMCONV = ROOT / "src" / "streamjudge" / "semconv.py"
 #: the collector configurations whose ``${env:NAME:-default}`` variables the settings page lists
 COLLECTOR_CONFIGS = ("otel-config.yaml", "collector/gateway-config.yaml", "collector/jaeger.yaml")
 
-#: variables the package reads that are not streamjudge options: (variable, what streamjudge does with it).
-#: The OpenTelemetry SDK reads many more ``OTEL_*`` variables itself; these are the ones streamjudge's
-#: own code reads.
+#: variables the package reads that are not streamjudge options, beside ``config.BORROWED_VARIABLES`` (the
+#: ones the settings read as defaults): (variable, what streamjudge does with it). The OpenTelemetry SDK
+#: reads many more ``OTEL_*`` variables itself; these are the ones streamjudge's own code reads.
 OTHER_READ: tuple[tuple[str, str], ...] = (
     ("OTEL_TRACES_EXPORTER", "Set to `otlp` by streamjudge's distro when unset (as opentelemetry-distro "
      "does)."),
@@ -39,8 +39,6 @@ OTHER_READ: tuple[tuple[str, str], ...] = (
     ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "The same for traces only."),
     ("OTEL_BSP_SCHEDULE_DELAY", "`streamjudge worker` exports every 200 ms unless this is set."),
     ("OTEL_BSP_MAX_QUEUE_SIZE", "`streamjudge worker` queues 65,536 spans unless this is set."),
-    ("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "The default of `STREAMJUDGE_CAPTURE_CONTENT`: "
-     "`true` / `SPAN_ONLY` / `SPAN_AND_EVENT` on, `false` / `NO_CONTENT` / `EVENT_ONLY` off."),
     ("LANGFUSE_PUBLIC_KEY", "With `LANGFUSE_SECRET_KEY`: spans to Langfuse's OTLP endpoint and scores to "
      "its ingestion API."),
     ("LANGFUSE_SECRET_KEY", "See `LANGFUSE_PUBLIC_KEY` (redacted from everything streamjudge exports)."),
@@ -52,11 +50,6 @@ OTHER_READ: tuple[tuple[str, str], ...] = (
     ("PHOENIX_CLIENT_HEADERS", "Headers for Phoenix (`k=v,k2=v2`, URL-encoded values)."),
     ("PHOENIX_PROJECT_NAME", "The Phoenix project (`openinference.project.name` on spans sent to Phoenix)."),
     ("PHOENIX_PROJECT", "The same, as newer `phoenix.otel` names it."),
-    ("OPENAI_API_KEY", "The judge LLM's key when no `EVAL_*` is set (the app's own OpenAI settings)."),
-    ("OPENAI_BASE_URL", "Likewise, its endpoint."),
-    ("OPENAI_MODEL", "Likewise, its model."),
-    ("ANTHROPIC_API_KEY", "The judge LLM's key when no `EVAL_*` and no `OPENAI_API_KEY` is set."),
-    ("ANTHROPIC_BASE_URL", "Likewise, its endpoint."),
     ("STREAMJUDGE_JAEGER", "`make demo-ui`: the Jaeger binary (default: the one `make jaeger` builds)."),
 )
 
@@ -99,24 +92,11 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _default(value: Any) -> str:
-    if value is None or value == () or value == {}:
-        return "—"
-    if isinstance(value, bool):
-        return "`true`" if value else "`false`"
-    if isinstance(value, tuple):
-        return "`" + ",".join(value) + "`"
-    if isinstance(value, float):
-        return f"`{value:g}`"
-    if isinstance(value, int):
-        return f"`{value}`"
-    return f"`{value}`"
-
-
 def _option_rows(options: Iterable[Any]) -> list[str]:
     rows = ["| variable | type | default | accepts | what it does |", "|---|---|---|---|---|"]
     for opt in options:
-        default = "—" if opt.kind == "secret" else _default(opt.default)
+        text = opt.default_text
+        default = "—" if opt.kind == "secret" or text in ("unset", "none") else f"`{text}`"
         field = f" (`Settings.{opt.field}`)" if opt.field and "." not in opt.field else ""
         rows.append(f"| `{opt.var}` | {opt.type_name} | {_cell(default)} | {_cell(opt.accepts)} | "
                     f"{_cell(opt.doc)}{field} |")
@@ -186,7 +166,7 @@ def settings_page() -> str:
         "",
         "## Other variables streamjudge reads",
         "",
-        *_pairs(OTHER_READ),
+        *_pairs((*config.BORROWED_VARIABLES.items(), *OTHER_READ)),
         "",
         "Besides these, the values of every variable whose name ends in `_KEY`, `_TOKEN`, `_SECRET` or",
         "`_PASSWORD` are redacted from the text streamjudge exports (error messages on spans, log lines).",
