@@ -9,10 +9,18 @@ elsewhere, never copied into the repository):
 * ``halueval-qa-dev/cases.jsonl``: 500 replay cases (question, one context, a right or a hallucinated
   answer, ``expect_alert``).
 
+* ``tests/data/local_judge_cases.json``: the hand-written RAG cases of the repository (grounded
+  paraphrases and fabricated numbers, names, dates, units, role swaps and negations).
+
 A judgement predicts "hallucinated" when its faithfulness score, labelled at ``--threshold`` (default
-0.7, the package's default, chosen a priori), fails: the score is below the threshold or any of its
-sentences is (:meth:`Score.with_label`). A skipped judgement (no checkable claim) predicts "faithful".
-Reported: balanced accuracy, TPR (hallucinated caught) and TNR (grounded passed), on each data set.
+0.7, the package's default, chosen a priori), fails (:meth:`Score.with_label`): the local judge's
+sentences carry three-way verdicts and decide their own labels (a fail alerts; an uncertain sentence
+alerts only at the ``strict`` strictness). A skipped judgement (no checkable claim) predicts "faithful".
+Reported per strictness (``lenient``, ``default``, ``strict``) on each data set: the false-alarm rate
+(grounded answers flagged, 1 - TNR), the catch rate (hallucinated answers flagged, TPR) and balanced
+accuracy; and what a cascade would send to its strong judge at each strictness: the judged texts with
+at least one uncertain sentence (and with ``--confirm-fails`` one failed too), against sending every
+text, and the sentences among them.
 
 Earliness (FaithBench): each summary is streamed as checkpoints would send it, one sentence at a time
 (``EvalInput(answer=<new sentence>, prefix=<text before it>, kind="checkpoint")``); the first failing
@@ -36,12 +44,14 @@ from pathlib import Path
 from typing import Any
 
 from streamjudge import semconv
+from streamjudge.config import STRICTNESS
 from streamjudge.judging.base import EvalInput, Score
 from streamjudge.judging.judges.local import LocalJudge
 from streamjudge.sentences import split_sentences
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "benchdata"
+HAND_CASES = REPO / "tests" / "data" / "local_judge_cases.json"
 DETECTORS = ("hhem-2.1", "trueteacher", "true_nli", "gpt-3.5-turbo", "gpt-4-turbo", "gpt_4o")
 QUESTION = "Summarize the passage."
 DEFAULT_THRESHOLD = 0.7  # the package's default faithfulness threshold, not fitted here
@@ -99,12 +109,39 @@ def fails(score: Score | None, threshold: float) -> bool:
 
 def judge_set(judge: LocalJudge, items: Sequence[EvalInput], truth: Sequence[bool],
               threshold: float) -> dict[str, Any]:
-    """Judge every item as a final answer and sum the predictions up."""
+    """Judge every item as a final answer and sum the predictions up, with what a cascade would ask its
+    strong judge about (texts and sentences with an uncertain verdict; with a failed one too)."""
     scores = [judge.evaluate_sync(item, F).get(semconv.FAITHFULNESS) for item in items]
     predicted = [fails(s, threshold) for s in scores]
     out: dict[str, Any] = rates(predicted, truth)
+    out["false_alarm_rate"] = 1.0 - out["tnr"]
     out["skipped"] = sum(s is None or s.value is None for s in scores)
+    sentences = [x for sc in scores if sc is not None for x in sc.sentences]
+    uncertain = [sc for sc in scores
+                 if sc is not None and any(x.verdict == "uncertain" for x in sc.sentences)]
+    unsure_or_failed = [sc for sc in scores if sc is not None
+                        and any(x.verdict in ("uncertain", "fail") for x in sc.sentences)]
+    out["cascade"] = {
+        "texts": len(items),
+        "sentences": len(sentences),
+        "escalated_texts": len(uncertain),
+        "escalated_sentences": sum(x.verdict == "uncertain" for x in sentences),
+        "escalated_texts_confirming_fails": len(unsure_or_failed),
+        "escalated_sentences_confirming_fails": sum(x.verdict in ("uncertain", "fail") for x in sentences),
+    }
     return out
+
+
+def load_hand_cases(path: Path) -> tuple[list[EvalInput], list[bool]]:
+    """The repository's hand-written grounded and fabricated RAG cases."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    items: list[EvalInput] = []
+    truth: list[bool] = []
+    for group, bad in (("grounded", False), ("fabricated", True)):
+        for c in data[group]:
+            items.append(EvalInput("", tuple(c["contexts"]), c["answer"]))
+            truth.append(bad)
+    return items, truth
 
 
 def earliness(judge: LocalJudge, samples: Sequence[dict[str, Any]], threshold: float) -> dict[str, Any]:
@@ -139,8 +176,14 @@ def earliness(judge: LocalJudge, samples: Sequence[dict[str, Any]], threshold: f
     }
 
 
+def by_strictness(items: Sequence[EvalInput], truth: Sequence[bool], threshold: float) -> dict[str, Any]:
+    """:func:`judge_set` with a local judge of each strictness."""
+    return {s: judge_set(LocalJudge(strictness=s), items, truth, threshold)  # type: ignore[arg-type]
+            for s in STRICTNESS}
+
+
 def run(data_dir: Path, threshold: float) -> dict[str, Any]:
-    """Judge both data sets and gather the numbers the report prints."""
+    """Judge the data sets and gather the numbers the report prints."""
     judge = LocalJudge()
     report: dict[str, Any] = {"data": os.path.relpath(data_dir.resolve(), REPO), "threshold": threshold}
 
@@ -159,7 +202,7 @@ def run(data_dir: Path, threshold: float) -> dict[str, Any]:
     report["faithbench"] = {
         "samples": len(fb),
         "hallucinated": sum(fb_truth),
-        "local": judge_set(judge, fb_items, fb_truth, threshold),
+        "local": by_strictness(fb_items, fb_truth, threshold),
         "detectors_at_0.5": detectors,
         "earliness": earliness(judge, fb, threshold),
     }
@@ -172,44 +215,62 @@ def run(data_dir: Path, threshold: float) -> dict[str, Any]:
         report["halueval"] = {
             "samples": len(he),
             "hallucinated": sum(he_truth),
-            "local": judge_set(judge, he_items, he_truth, threshold),
+            "local": by_strictness(he_items, he_truth, threshold),
         }
+    if HAND_CASES.is_file():
+        items, truth = load_hand_cases(HAND_CASES)
+        report["hand_written"] = {"samples": len(items), "hallucinated": sum(truth),
+                                  "local": by_strictness(items, truth, threshold)}
     return report
 
 
-def _row(name: str, r: dict[str, float], threshold: float) -> str:
-    return (f"{name:<24} {threshold:>9.2f} {r['balanced_accuracy']:>8.3f} {r['tpr']:>6.3f} {r['tnr']:>6.3f} "
-            f"{int(r['n']):>5}")
+def _row(name: str, r: dict[str, Any], threshold: float) -> str:
+    return (f"{name:<24} {threshold:>9.2f} {r['balanced_accuracy']:>8.3f} {r['tpr']:>6.3f} "
+            f"{1 - r['tnr']:>7.3f} {int(r['n']):>5}")
+
+
+def _cascade_line(name: str, r: dict[str, Any]) -> str:
+    c = r["cascade"]
+    saved = 1 - c["escalated_texts"] / c["texts"] if c["texts"] else 0.0
+    saved_confirm = 1 - c["escalated_texts_confirming_fails"] / c["texts"] if c["texts"] else 0.0
+    return (f"  cascade at {name}: strong judge asked about {c['escalated_texts']}/{c['texts']} texts "
+            f"({c['escalated_sentences']}/{c['sentences']} sentences): {100 * saved:.0f}% of its calls "
+            f"saved; confirming fails too: {c['escalated_texts_confirming_fails']}/{c['texts']} texts "
+            f"({100 * saved_confirm:.0f}% saved)")
+
+
+def _set_table(title: str, block: dict[str, Any], t: float, extra: dict[str, Any] | None = None) -> None:
+    head = f"{'detector':<24} {'threshold':>9} {'bal.acc':>8} {'catch':>6} {'f.alarm':>7} {'n':>5}"
+    default = block["local"]["default"]
+    print(f"{title}: {block['samples']} answers, {block['hallucinated']} hallucinated; "
+          f"{default['skipped']} without checkable claims (scored as faithful)")
+    print(head)
+    print("-" * len(head))
+    for strictness, r in block["local"].items():
+        print(_row(f"local ({strictness})", r, t))
+    for name, r in (extra or {}).items():
+        print(_row(name, r, 0.5))
+    for strictness, r in block["local"].items():
+        print(_cascade_line(strictness, r))
 
 
 def print_table(report: dict[str, Any]) -> None:
     """A human-readable table of :func:`run`'s report."""
     t = report["threshold"]
-    head = f"{'detector':<24} {'threshold':>9} {'bal.acc':>8} {'TPR':>6} {'TNR':>6} {'n':>5}"
     fb = report["faithbench"]
-    print(f"FaithBench dev: {fb['samples']} summaries, {fb['hallucinated']} hallucinated; "
-          f"{fb['local']['skipped']} without checkable claims (scored as faithful)")
-    print(head)
-    print("-" * len(head))
-    print(_row("local", fb["local"], t))
-    for name, r in fb["detectors_at_0.5"].items():
-        print(_row(name, r, 0.5))
+    _set_table("FaithBench dev", fb, t, fb["detectors_at_0.5"])
     e = fb["earliness"]
-    print(f"streamed sentence by sentence: {e['caught_while_streaming']}/{e['hallucinated_with_span']} "
-          f"hallucinated summaries alerted ({e['alert_before_span']} on a sentence before the first "
-          f"Unwanted span)")
+    print(f"streamed sentence by sentence (default strictness): {e['caught_while_streaming']}/"
+          f"{e['hallucinated_with_span']} hallucinated summaries alerted ({e['alert_before_span']} on a "
+          f"sentence before the first Unwanted span)")
     if e["median_chars_after_onset"] is not None:
         print(f"  at the alert: median {e['median_chars_after_onset']:.0f} chars after the span's start, "
               f"median {100 * e['median_share_not_streamed']:.0f}% (mean "
               f"{100 * e['mean_share_not_streamed']:.0f}%) of the answer not yet streamed")
-    he = report.get("halueval")
-    if he is not None:
-        print()
-        print(f"HaluEval QA dev: {he['samples']} answers, {he['hallucinated']} hallucinated; "
-              f"{he['local']['skipped']} without checkable claims (scored as faithful)")
-        print(head)
-        print("-" * len(head))
-        print(_row("local", he["local"], t))
+    for key, title in (("halueval", "HaluEval QA dev"), ("hand_written", "hand-written RAG cases")):
+        if key in report:
+            print()
+            _set_table(title, report[key], t)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

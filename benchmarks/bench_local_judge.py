@@ -22,7 +22,12 @@ with fresh judges so no verdict is served from a previous run):
   the same run of two judges with a cache each (so the final pass indexes the contexts again and finds
   none of the checkpoints' sentence verdicts); judge time per stream, ratio and spread over the repeats;
 * ``index``: building the context index of five distinct FaithBench sources, and of the same five each
-  repeated 100 times (cold: contexts never seen before, so no per-context analysis is reused).
+  repeated 100 times (cold: contexts never seen before, so no per-context analysis is reused);
+* ``per_sentence``: the cost of judging one sentence (three-way verdict, warm index, no cached verdict:
+  each sentence of the FaithBench summaries is judged once by a fresh judge per repeat), against a
+  baseline measured in the same run over the same sentences: the stream core's own per-sentence work,
+  :func:`streamjudge.sentences.split_sentences` of the sentence. The ratio says what the judge costs in
+  units of work the stream does anyway, whatever the machine.
 """
 
 from __future__ import annotations
@@ -221,6 +226,36 @@ def _bench_index(streams: Sequence[tuple[tuple[str, ...], str]], repeat: int) ->
     return out
 
 
+def _bench_per_sentence(streams: Sequence[tuple[tuple[str, ...], str]], repeat: int) -> dict[str, float]:
+    prepared = [(ctx, [x.text for x in split_sentences(answer)]) for ctx, answer in streams]
+    n = sum(len(sents) for _, sents in prepared)
+    judged: list[float] = []
+    baseline: list[float] = []
+    for _ in range(repeat):
+        judge = LocalJudge()
+        for ctx, _sents in prepared:  # warm the indexes: a stream's contexts are indexed once
+            judge.evaluate_sync(EvalInput(QUESTION, ctx, "", kind="preflight"), (semconv.CONTEXT_PRECISION,))
+        t0 = _clock()
+        for ctx, sents in prepared:
+            for sent in sents:
+                judge.evaluate_sync(EvalInput(QUESTION, ctx, sent, kind="checkpoint"), F)
+        judged.append((_clock() - t0) / 1000 / n)
+        t0 = _clock()
+        for _ctx, sents in prepared:
+            for sent in sents:
+                split_sentences(sent)
+        baseline.append((_clock() - t0) / 1000 / n)
+    ratios = [a / b for a, b in zip(judged, baseline, strict=True)]
+    return {
+        "sentences": float(n),
+        "judge_us": min(judged),
+        "baseline_split_us": min(baseline),
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+    }
+
+
 def main() -> None:
     """Run the benchmarks and print a table or JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -238,6 +273,7 @@ def main() -> None:
         "tiers": _bench_tiers(streams, args.repeat) if streams else None,
         "growing": _bench_growing(args.repeat),
         "index": _bench_index(streams, args.repeat),
+        "per_sentence": _bench_per_sentence(streams, args.repeat) if streams else None,
     }
     if args.json:
         print(json.dumps(results, indent=2))
@@ -271,6 +307,11 @@ def main() -> None:
     i = results["index"]
     print(f"context index, cold: {i['small_chars']:.0f} chars {i['small_us']:.1f} us, "
           f"{i['large_chars']:.0f} chars {i['large_us'] / 1000:.1f} ms")
+    p = results["per_sentence"]
+    if p is not None:
+        print(f"one sentence's verdict ({p['sentences']:.0f} sentences, warm index): {p['judge_us']:.1f} us; "
+              f"splitting it (baseline, same run) {p['baseline_split_us']:.1f} us; ratio {p['ratio']:.1f} "
+              f"[{p['ratio_min']:.1f}-{p['ratio_max']:.1f}]")
 
 
 if __name__ == "__main__":

@@ -42,13 +42,15 @@ $(COLLECTOR_BIN): | $(OCB)
 collector: $(COLLECTOR_BIN)
 	@echo $(COLLECTOR_BIN)
 
+# a scratch dir of its own per build: two checkouts building at once must not remove each other's sources
 $(JAEGER_BIN):
-	@rm -rf $(JAEGER_DIR)/src && mkdir -p $(JAEGER_DIR)
+	@mkdir -p $(JAEGER_DIR)
+	set -e; work=$$(mktemp -d $(JAEGER_DIR)/build.XXXXXX); trap 'rm -rf "$$work"' EXIT; \
 	src=$$(cd $(JAEGER_DIR) && $(GO) mod download -json $(JAEGER_MODULE)@$(JAEGER_VERSION) \
-	  | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p') && test -n "$$src" \
-	  && cp -r "$$src" $(JAEGER_DIR)/src && chmod -R u+w $(JAEGER_DIR)/src
-	cd $(JAEGER_DIR)/src && $(GO) build -trimpath -ldflags '-s -w' -o ../jaeger.tmp ./cmd/jaeger >&2
-	mv $(JAEGER_DIR)/jaeger.tmp $@ && rm -rf $(JAEGER_DIR)/src
+	  | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p'); test -n "$$src"; \
+	cp -r "$$src" "$$work/src"; chmod -R u+w "$$work/src"; \
+	(cd "$$work/src" && $(GO) build -trimpath -ldflags '-s -w' -o ../jaeger ./cmd/jaeger >&2); \
+	mv "$$work/jaeger" $@
 
 jaeger: $(JAEGER_BIN)
 	@echo $(JAEGER_BIN)

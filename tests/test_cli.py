@@ -52,15 +52,24 @@ def test_a_failed_expectation_exits_one(tmp_path: Path) -> None:
     assert p.returncode == 1 and "FAIL" in p.stdout
 
 
-def test_threshold_option_changes_the_verdict(tmp_path: Path) -> None:
+def test_strictness_option_changes_the_verdict(tmp_path: Path) -> None:
+    # the local judge's sentences carry verdicts: a fabricated year fails at any threshold, and a sentence
+    # it is only uncertain about (words the context lacks) alerts when strict
     f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps({
+        "question": "When was it founded?", "contexts": ["The company was founded in 1998 in Palo Alto."],
+        "answer": "The company was founded in 1998 in Palo Alto; the founders painstakingly orchestrated "
+                  "elaborate negotiations.",
+    }) + "\n")
+    strict = json.loads(run(str(f), "--json", "--strictness", "strict").stdout.splitlines()[0])
+    default = json.loads(run(str(f), "--json", "--threshold", "0.9").stdout.splitlines()[0])
+    assert strict["fired"] is True and default["fired"] is False
     f.write_text(json.dumps({
         "question": "When was it founded?", "contexts": ["The company was founded in 1998 in Palo Alto."],
         "answer": "The company was founded in 1998 in Palo Alto; it later moved to Europe in 2003.",
     }) + "\n")
-    strict = json.loads(run(str(f), "--json", "--threshold", "0.9").stdout.splitlines()[0])
-    lax = json.loads(run(str(f), "--json", "--threshold", "0.2").stdout.splitlines()[0])
-    assert strict["fired"] is True and lax["fired"] is False
+    lax = json.loads(run(str(f), "--json", "--threshold", "0.2", "--strictness", "lenient").stdout.splitlines()[0])
+    assert lax["fired"] is True
 
 
 def test_bad_lines_get_a_clear_error(tmp_path: Path) -> None:

@@ -36,8 +36,8 @@ def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"STREAMJUDGE_THRESHOLDS": "faithfulness"}, "STREAMJUDGE_THRESHOLDS: expected metric=value pairs"),
         ({"STREAMJUDGE_THRESHOLDS": "faithfulness=7"}, "values from 0 to 1"),
         ({"STREAMJUDGE_JUDGE": "ragass"},
-         "STREAMJUDGE_JUDGE='ragass': expected local, model, llm, ragas, deepeval or package.module:ClassName "
-         "(did you mean 'ragas'?)"),
+         "STREAMJUDGE_JUDGE='ragass': expected local, model, llm, ragas, deepeval, cascade or "
+         "package.module:ClassName (did you mean 'ragas'?)"),
         ({"STREAMJUDGE_CHECKPOINT_JUDGE": "nli"}, "STREAMJUDGE_CHECKPOINT_JUDGE='nli': expected local"),
     ],
 )

@@ -94,23 +94,23 @@ def test_dates_are_checked() -> None:
 
 def test_clauses_joined_by_and_are_separate_claims() -> None:
     s = faith("The company was founded in 1998 in Palo Alto and it opened an office in Tokyo in 2005.")
-    assert s.value == 0.5
-    assert "1/2 claims" in s.explanation
-    assert "Tokyo" in s.explanation
+    assert s.value == 0.0 and s.sentences[0].verdict == "fail"
+    # the supported first claim is not named in the reason, the second one's facts are
+    assert "Tokyo" in s.explanation and "Palo Alto" not in s.sentences[0].reason
     # a plain list of names stays one claim
-    assert "1/1 claims" in faith("Two graduate students founded the company in Palo Alto.").explanation
+    assert faith("Two graduate students founded the company in Palo Alto.").value == 1.0
 
 
 def test_clause_separators_match_case_insensitively_with_odd_letters() -> None:
     # "ı" (dotless i) matches "i" case-insensitively: "whıle" still separates two claims
     s = faith("The company was founded in 1998 in Palo Alto, whıle Tokyo Berlin Rome opened in 2005.")
-    assert "1/2 claims" in s.explanation, s.explanation
+    assert "1998" not in s.sentences[0].reason and "2005" in s.sentences[0].reason, s.explanation
 
 
 def test_filler_does_not_count() -> None:
     s = faith("Here is what I found. " + CONTEXT + " Let me know if you need more. I hope this helps!")
     assert s.value == 1.0
-    assert "1/1 claims" in s.explanation
+    assert "0 of 1 sentences unsupported" in s.explanation and len(s.sentences) == 1
     only_filler = faith("Here is what I found. Let me know if you need more.")
     assert only_filler.value is None and only_filler.skipped == "no_claims"
 
@@ -136,8 +136,8 @@ def test_sentences_are_scored_with_ranges_and_reasons() -> None:
         "The company was founded in 1998.", "It later expanded to Lyon in 1887."]
     assert [x.value for x in s.sentences] == [1.0, 0.0]
     assert s.sentences[0].reason == ""
-    assert s.sentences[1].reason.startswith("not in context: ")
-    assert "Lyon" in s.sentences[1].reason and "1887" in s.sentences[1].reason
+    assert s.sentences[1].reason.startswith("number not in context: 1887")
+    assert "name not in context: Lyon" in s.sentences[1].reason
     assert s.with_label(0.7).label == "fail"
     assert [x.label for x in s.with_label(0.7, shift=100).sentences] == ["pass", "fail"]
     assert s.with_label(0.7, shift=100).sentences[1].start == 100 + answer.index("It later")
@@ -145,9 +145,8 @@ def test_sentences_are_scored_with_ranges_and_reasons() -> None:
 
 def test_a_sentence_scores_its_own_claims() -> None:
     s = faith("The company was founded in 1998 in Palo Alto; it opened an office in Tokyo in 2005.")
-    assert s.value == 0.5
-    assert len(s.sentences) == 1 and s.sentences[0].value == 0.5
-    assert "Tokyo" in s.sentences[0].reason
+    assert len(s.sentences) == 1 and s.sentences[0].verdict == "fail"
+    assert "Tokyo" in s.sentences[0].reason and "Palo Alto" not in s.sentences[0].reason
 
 
 def test_a_late_fabricated_sentence_in_a_long_answer_fails_the_answer() -> None:
@@ -186,9 +185,9 @@ def test_a_leading_pronoun_ties_a_name_to_the_sentence_before() -> None:
                      prefix="The Eiffel Tower was built for the World's Fair. ")
     s = LocalJudge().evaluate_sync(item, [F]).get(F)
     assert s is not None and s.value == 1.0
-    # without an antecedent nothing ties "Paris" to the tower's sentence
+    # without an antecedent nothing ties "Paris" to the tower's sentence: a weak signal, not a fail
     bare = LocalJudge().evaluate_sync(EvalInput(QUESTION, ctx, "It was built in Paris."), [F]).get(F)
-    assert bare is not None and bare.value == 0.0
+    assert bare is not None and bare.sentences[0].verdict == "uncertain" and bare.sentences[0].kind == "detached"
 
 
 def test_context_recall_scores_reference_sentences() -> None:
@@ -229,11 +228,12 @@ def test_negation_ends_at_the_clause_boundary() -> None:
     assert faith("The tunnel opened in 1921.", semicolon).value == 1.0
 
 
-def test_a_tie_between_a_negated_and_a_plain_context_clause_is_a_contradiction() -> None:
+def test_a_tie_between_a_negated_and_a_plain_context_clause_is_uncertain() -> None:
     ctx = ("The museum opened its doors in Lyon.", "The museum did not open its doors in Lyon.")
     for claim in ("The museum opened its doors in Lyon.", "The museum did not open its doors in Lyon."):
         s = faith(claim, ctx)
-        assert s.value == 0.0 and "negation differs" in s.sentences[0].reason, claim
+        assert s.sentences[0].verdict == "uncertain" and s.sentences[0].kind == "negation_tie", claim
+        assert "negation tie" in s.sentences[0].reason
 
 
 def test_a_year_moved_to_another_event_is_unsupported() -> None:
@@ -241,19 +241,20 @@ def test_a_year_moved_to_another_event_is_unsupported() -> None:
     assert faith("The company opened its Tokyo office in 2004.", ctx).value == 1.0
     moved = faith("The company opened its Tokyo office in 1998.", ctx)
     assert moved.value == 0.0
-    assert moved.sentences[0].reason == "said of something else in the context: 1998"
+    assert moved.sentences[0].reason == "role swap: 1998 is said of founded"
 
 
 def test_a_name_moved_to_another_role_is_unsupported() -> None:
     ctx = ("The ceremony was chaired by Isabelle Mergault. The film starred Francois Cluzet.",)
     assert faith("The ceremony was chaired by Isabelle Mergault.", ctx).value == 1.0
     moved = faith("The ceremony was chaired by Francois Cluzet.", ctx)
-    assert moved.value == 0.0 and "Francois Cluzet" in moved.sentences[0].reason
+    # a name detached from its role is a weak signal: uncertain (it alerts when strict)
+    assert moved.sentences[0].verdict == "uncertain" and "Francois Cluzet" in moved.sentences[0].reason
     # names side by side vouch for nothing: "Columbus, Ohio" is said of the duo, not of the band
     bands = ("The station plays Mumford & Sons and Twenty One Pilots. Twenty One Pilots is a duo from "
              "Columbus, Ohio.",)
     assert faith("Twenty One Pilots is from Columbus, Ohio.", bands).value == 1.0
-    assert faith("Mumford & Sons is from Columbus, Ohio.", bands).value == 0.0
+    assert faith("Mumford & Sons is from Columbus, Ohio.", bands).sentences[0].verdict == "uncertain"
 
 
 def test_a_number_with_another_unit_of_its_kind_is_unsupported() -> None:
@@ -769,7 +770,7 @@ def test_a_context_sentence_that_names_its_subject_by_a_definite_description_sup
     # ... but a name it does not share a word with is still detached from it
     bad = judge.evaluate_sync(EvalInput("q", ("The Eiffel Tower is in Paris. The bridge is 330 metres long.",),
                                         "The Eiffel Tower is 330 metres long."), [F])
-    assert bad.scores[0].value == 0.0, bad.scores[0].explanation
+    assert bad.scores[0].sentences[0].verdict == "uncertain", bad.scores[0].explanation
 
 
 def test_the_checkpoint_and_final_tiers_share_one_index_of_a_context_set(

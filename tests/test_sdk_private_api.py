@@ -125,3 +125,67 @@ def test_a_live_span_has_every_field_of_the_sdks_span() -> None:
     assert live._attributes._dict == {"a": 1}  # type: ignore[attr-defined]  # the store LiveSpan fills
     assert not live._attributes._immutable  # type: ignore[attr-defined]
     assert callable(tracer.id_generator.is_trace_id_random)  # type: ignore[attr-defined]
+
+
+def test_where_exporters_sit_and_the_batch_processors_drops_are_still_reachable() -> None:
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    assert _sdk.active_processor(provider) is provider._active_span_processor
+    assert _sdk.active_processor(object()) is None
+    inner, other = InMemorySpanExporter(), InMemorySpanExporter()
+    bsp = BatchSpanProcessor(inner, max_queue_size=2, max_export_batch_size=2, schedule_delay_millis=60_000)
+    simple = SimpleSpanProcessor(inner)
+    provider.add_span_processor(bsp)
+    provider.add_span_processor(simple)
+    assert _sdk.child_processors(_sdk.active_processor(provider)) == (bsp, simple)
+    assert _sdk.child_processors(bsp) == ()
+    assert _sdk.processor_exporter(bsp) is inner and _sdk.processor_exporter(simple) is inner
+    assert _sdk.processor_exporter(_Named("x")) is None
+    _sdk.set_processor_exporter(simple, other)
+    provider.get_tracer("t").start_span("s").end()
+    assert [s.name for s in other.get_finished_spans()] == ["s"]
+    # the batch processor reports what it drops through its metrics object's drop_items
+    lost: list[tuple[int, str]] = []
+    assert _sdk.report_batch_losses(bsp, lambda n, why: lost.append((n, why)))
+    assert _sdk.report_batch_losses(bsp, lambda n, why: lost.append((n, why)))  # idempotent
+    batch = bsp._batch_processor
+    batch._worker_awaken.set = lambda: None  # type: ignore[method-assign]  # no export before the drop
+    for _ in range(3):
+        bsp.on_end(provider.get_tracer("t").start_span("q"))  # type: ignore[arg-type]
+    assert lost == [(1, "queue_full")] * 2  # "s" and two of these three fill the queue of 2
+
+
+def test_a_vendor_processors_filter_is_where_it_is_read() -> None:
+    import inspect
+
+    import pytest
+
+    processor_module = pytest.importorskip("langfuse._client.span_processor")
+    LangfuseSpanProcessor = processor_module.LangfuseSpanProcessor
+    # the SDK keeps the filter it reads on every span start and end in this attribute
+    assert "self._should_export_span = " in inspect.getsource(LangfuseSpanProcessor.__init__)
+    p = LangfuseSpanProcessor.__new__(LangfuseSpanProcessor)
+    p._should_export_span = bool  # type: ignore[attr-defined]
+    assert _sdk.vendor_export_filter(p) is bool
+    _sdk.set_vendor_export_filter(p, callable)
+    assert p._should_export_span is callable  # type: ignore[attr-defined]
+
+
+def test_counting_the_batch_queue_keeps_what_was_queued_and_its_order() -> None:
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider()
+    inner = InMemorySpanExporter()
+    bsp = BatchSpanProcessor(inner, max_queue_size=10, max_export_batch_size=10, schedule_delay_millis=60_000)
+    provider.add_span_processor(bsp)
+    tracer = provider.get_tracer("t")
+    tracer.start_span("a").end()
+    tracer.start_span("b").end()
+    batch = bsp._batch_processor
+    assert hasattr(batch._export_lock, "acquire") and len(batch._queue) == 2  # where the swap happens
+    assert _sdk.report_batch_losses(bsp, lambda n, why: None)
+    tracer.start_span("c").end()
+    bsp.force_flush()
+    assert [s.name for s in inner.get_finished_spans()] == ["a", "b", "c"]
+    provider.shutdown()

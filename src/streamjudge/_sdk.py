@@ -10,6 +10,7 @@ Instrumentation suppression uses the public ``suppress_instrumentation`` / ``is_
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,7 @@ from opentelemetry.sdk.trace import (
 )
 from opentelemetry.sdk.trace import Tracer as SDKTracer
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased, StaticSampler
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
@@ -406,3 +407,149 @@ class LiveSpan(Span):
                 if self._links is _NONE_YET:
                     self._links = BoundedList(self._limits.max_links)
         super().add_link(context, attributes)
+
+
+# --- where exporters sit, and what the batch processor drops -------------------------------------------
+# The exporters' side of streamjudge (counting lost spans, joining vendor processors) reads the same
+# private places; they are kept here so that the pins in tests/test_sdk_private_api.py cover them.
+
+
+def active_processor(provider: object) -> object | None:
+    """The processor an SDK provider calls (its composite), or None when ``provider`` is not one."""
+    return getattr(provider, "_active_span_processor", None)
+
+
+def child_processors(processor: object) -> tuple[SpanProcessor, ...]:
+    """The processors an SDK composite (multi) processor calls; empty for any other processor."""
+    return tuple(getattr(processor, "_span_processors", ()) or ())
+
+
+def processor_exporter(processor: object) -> SpanExporter | None:
+    """The exporter of the SDK's batch or simple span processor; None for any other processor."""
+    if isinstance(processor, BatchSpanProcessor):
+        exporter = getattr(getattr(processor, "_batch_processor", None), "_exporter", None)
+    elif isinstance(processor, SimpleSpanProcessor):
+        exporter = getattr(processor, "span_exporter", None)
+    else:
+        return None
+    return exporter if isinstance(exporter, SpanExporter) else None
+
+
+def set_processor_exporter(processor: SpanProcessor, exporter: SpanExporter) -> None:
+    """Make the SDK's batch or simple span processor send through ``exporter`` from its next export on."""
+    if isinstance(processor, BatchSpanProcessor):
+        processor._batch_processor._exporter = exporter
+    elif isinstance(processor, SimpleSpanProcessor):
+        processor.span_exporter = exporter  # type: ignore[attr-defined]
+    else:
+        raise TypeError(f"{type(processor).__name__} is not the SDK's batch or simple span processor")
+
+
+class _LossMetrics:
+    """Stands in for the batch processor's own metrics object (the SDK's hook for what it drops): a span
+    refused after shutdown is reported to ``on_lost``, and so is one dropped from a full queue unless
+    :class:`_LossQueue` counts those (the SDK's own report races the exporting thread's pops); everything
+    goes on to the SDK's metrics as before."""
+
+    def __init__(self, inner: Any, on_lost: Callable[[int, str], None], *, queue_full: bool) -> None:
+        self.inner = inner
+        self.on_lost = on_lost
+        self.queue_full = queue_full
+
+    def register_queue_size(self, get_queue_size: Callable[[], int]) -> None:
+        self.inner.register_queue_size(get_queue_size)
+
+    def drop_items(self, count: int, error_type: str = "queue_full") -> None:
+        try:
+            if error_type != "queue_full" or self.queue_full:
+                self.on_lost(count, error_type)
+        finally:
+            self.inner.drop_items(count, error_type)
+
+    def finish_items(self, count: int) -> None:
+        self.inner.finish_items(count)
+
+
+class _LossQueue(deque[Any]):
+    """The batch processor's bounded queue, counting what it pushes out: the SDK appends to a full deque,
+    which silently drops the oldest span. Append and pop share a lock, so a span popped for export at the
+    same moment is never counted as lost."""
+
+    def __init__(self, maxlen: int | None, on_lost: Callable[[int, str], None]) -> None:
+        super().__init__((), maxlen)
+        self.on_lost = on_lost
+        self.lock = threading.Lock()
+
+    def appendleft(self, item: Any) -> None:
+        with self.lock:
+            full = len(self) == self.maxlen
+            super().appendleft(item)
+        if full:
+            self.on_lost(1, "queue_full")
+
+    def pop(self) -> Any:  # type: ignore[override]  # deque.pop takes no index
+        with self.lock:
+            return super().pop()
+
+
+def _drain(queue: deque[Any]) -> int:
+    n = 0
+    while True:
+        try:
+            queue.pop()
+        except IndexError:
+            return n
+        n += 1
+
+
+def report_batch_losses(processor: BatchSpanProcessor, on_lost: Callable[[int, str], None]) -> bool:
+    """Call ``on_lost(n, reason)`` for every span ``processor`` drops without exporting: ``queue_full``
+    (the SDK drops silently while its queue is full, e.g. during a backend outage), ``already_shutdown``
+    (ended after its shutdown) and ``shutdown`` (still queued when its shutdown gave up). Idempotent;
+    False when this SDK keeps its queue elsewhere (nothing is reported then)."""
+    batch = getattr(processor, "_batch_processor", None)
+    metrics = getattr(batch, "_metrics", None)
+    queue = getattr(batch, "_queue", None)
+    lock = getattr(batch, "_export_lock", None)
+    if batch is None or not hasattr(metrics, "drop_items") or not isinstance(queue, deque) or lock is None:
+        return False
+    if isinstance(metrics, _LossMetrics):
+        return True
+    # the exporting thread reads the queue's length, then pops that many: the queue is swapped while it
+    # is not exporting (it holds this lock for a whole export; one stuck on a backend leaves the SDK's own,
+    # racy count of full-queue drops in place)
+    swapped = lock.acquire(timeout=2.0)
+    if swapped:
+        try:
+            counted = _LossQueue(queue.maxlen, on_lost)
+            batch._queue = counted
+            while True:  # what was queued keeps its order, oldest at the right
+                try:
+                    counted.appendleft(queue.pop())
+                except IndexError:
+                    break
+        finally:
+            lock.release()
+    batch._metrics = _LossMetrics(metrics, on_lost, queue_full=not swapped)
+    shutdown = batch.shutdown
+
+    def shutdown_counting(*args: Any, **kwargs: Any) -> None:
+        # the SDK stops exporting once its shutdown timeout passed and clears nothing: what is still
+        # queued then is never sent
+        shutdown(*args, **kwargs)
+        left = _drain(batch._queue)
+        if left:
+            on_lost(left, "shutdown")
+
+    batch.shutdown = shutdown_counting
+    return True
+
+
+def vendor_export_filter(processor: object) -> Any:
+    """The span filter a vendor SDK's processor (Langfuse's) keeps and reads on every span; None if none."""
+    return getattr(processor, "_should_export_span", None)
+
+
+def set_vendor_export_filter(processor: object, should_export_span: Callable[[Any], bool]) -> None:
+    """Replace the span filter of a vendor SDK's processor (see :func:`vendor_export_filter`)."""
+    processor._should_export_span = should_export_span  # type: ignore[attr-defined]

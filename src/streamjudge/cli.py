@@ -158,6 +158,8 @@ def _replay(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}
     if args.threshold is not None:
         overrides["threshold"] = args.threshold
+    if args.strictness is not None:
+        overrides["strictness"] = args.strictness
     settings = _settings(args, **overrides)
     final_judge, checkpoint_judge = _judges(settings, _judge_source(args))
     print(f"streamjudge replay: {len(cases)} cases, judge={settings.judge} "
@@ -200,7 +202,15 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from streamjudge.offline.calibrate import best, lowest_scores, sweep, write_chart, write_csv
+    from streamjudge.config import STRICTNESS
+    from streamjudge.offline.calibrate import (
+        best,
+        by_strictness,
+        lowest_scores,
+        sweep,
+        write_chart,
+        write_csv,
+    )
 
     cases = [c for c in _load(args) if c.expect_alert is not None]
     if not cases:
@@ -221,6 +231,15 @@ def _calibrate(args: argparse.Namespace) -> int:
     rows = sweep(lows, expected)
     top = best(rows)
     current = sweep(lows, expected, [settings.threshold])[0]
+    progress = _Progress(len(cases) * len(STRICTNESS), sys.stderr)
+    progress.draw()
+    try:
+        strict_rows = by_strictness(
+            cases, settings, chunk_size=args.chunk_size, concurrency=args.concurrency,
+            judges=lambda st: _judges(st, _judge_source(args)),
+            on_result=lambda _r: progress.step(lambda: None))
+    finally:
+        progress.clear()
 
     csv_path = write_csv(rows, args.csv)
     print(f"streamjudge calibrate: wrote {csv_path}", file=sys.stderr)
@@ -240,6 +259,14 @@ def _calibrate(args: argparse.Namespace) -> int:
                 "threshold": r.threshold, "tp": r.true_positives, "fp": r.false_positives,
                 "fn": r.false_negatives, "tn": r.true_negatives, "precision": r.precision,
                 "recall": r.recall, "balanced_accuracy": r.balanced_accuracy,
+            }))
+        for sr in strict_rows:
+            print(json.dumps({
+                "strictness": sr.strictness, "threshold": settings.threshold,
+                "false_alarm_rate": sr.false_alarm_rate, "catch_rate": sr.catch_rate,
+                "balanced_accuracy": sr.counts.balanced_accuracy, "tp": sr.counts.true_positives,
+                "fp": sr.counts.false_positives, "fn": sr.counts.false_negatives,
+                "tn": sr.counts.true_negatives,
             }))
         print(json.dumps({
             "summary": True, "cases": len(cases), "judge": settings.judge,
@@ -264,6 +291,14 @@ def _calibrate(args: argparse.Namespace) -> int:
             f"{settings.threshold} gives {fmt(current.balanced_accuracy)}. Set STREAMJUDGE_THRESHOLD to use "
             f"it; tuned on these {len(cases)} cases, so check it on cases you did not tune on."
         )
+    grounded = sum(1 for e in expected if not e)
+    print(f"\nat threshold {settings.threshold}, by strictness (STREAMJUDGE_STRICTNESS; now "
+          f"{settings.strictness}): false alarms on the {grounded} grounded cases, catches among the "
+          f"{len(cases) - grounded} others")
+    print("{:>10} {:>13} {:>11} {:>8}".format("strictness", "false alarms", "catch rate", "bal.acc"))
+    for sr in strict_rows:
+        print(f"{sr.strictness:>10} {fmt(sr.false_alarm_rate):>13} {fmt(sr.catch_rate):>11} "
+              f"{fmt(sr.counts.balanced_accuracy):>8}")
     return 0
 
 
@@ -438,8 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def judge_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--judge", default=None,
-                       help="judge for checkpoints and the final pass: local, llm, ragas, deepeval or "
-                            "package.module:ClassName (default: STREAMJUDGE_JUDGE, else local)")
+                       help="judge for checkpoints and the final pass: local, model, llm, ragas, deepeval, "
+                            "cascade or package.module:ClassName (default: STREAMJUDGE_JUDGE, else local)")
         p.add_argument("--chunk-size", type=_positive, default=8,
                        help="characters per streamed chunk (default 8)")
         p.add_argument("--concurrency", type=_positive, default=DEFAULT_CONCURRENCY,
@@ -448,7 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("replay", help="stream recorded answers through the guard and check expected alerts")
     rp.add_argument("cases", help="JSON Lines file: question, contexts, answer, optional id, expect_alert")
     judge_options(rp)
-    rp.add_argument("--threshold", type=_unit, default=None, help="pass threshold for every metric")
+    rp.add_argument("--threshold", type=_unit, default=None,
+                    help="pass threshold for every metric (judges with sentence verdicts, such as local, "
+                         "alert on their fails instead; see --strictness)")
+    rp.add_argument("--strictness", choices=("lenient", "default", "strict"), default=None,
+                    help="what an uncertain sentence does: strict alerts on it too (default: "
+                         "STREAMJUDGE_STRICTNESS, else default)")
     rp.add_argument("--json", action="store_true",
                     help="one JSON object per case as it finishes (with the judge's explanations), then a "
                          "summary object")

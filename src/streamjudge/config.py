@@ -52,7 +52,12 @@ DEFAULT_ROUTES_EXCLUDE: tuple[str, ...] = (
 
 
 #: judges built in (``package.module:ClassName`` names any other)
-JUDGE_NAMES: tuple[str, ...] = ("local", "model", "llm", "ragas", "deepeval")
+JUDGE_NAMES: tuple[str, ...] = ("local", "model", "llm", "ragas", "deepeval", "cascade")
+#: how readily a judge with three-way sentence verdicts alerts: ``strict`` alerts on uncertain sentences
+Strictness = Literal["lenient", "default", "strict"]
+STRICTNESS: tuple[str, ...] = ("lenient", "default", "strict")
+#: what a name absent from the contexts is: hard evidence (``fail``) or a weak signal (``uncertain``)
+NamesPolicy = Literal["fail", "uncertain"]
 #: metric names the built-in judges score (deepeval also scores GEval rubrics by name)
 KNOWN_METRICS: tuple[str, ...] = (
     semconv.FAITHFULNESS,
@@ -229,6 +234,14 @@ class Settings:
     model_threads: int = 1
     model_max_length: int = 0
     model_queue_size: int = 1024
+    # three-way sentence verdicts: ``strictness`` (lenient / default / strict: strict alerts on uncertain
+    # sentences) and what a name absent from the contexts is (``fail`` / ``uncertain``; None: uncertain when
+    # lenient, else fail). The ``cascade`` judge asks ``cascade_judge`` about the sentences the local judge
+    # is uncertain about (and, with ``cascade_confirm_fails``, about its fails before they alert)
+    strictness: Strictness = "default"
+    names_absent: NamesPolicy | None = None
+    cascade_judge: str = "llm"
+    cascade_confirm_fails: bool = False
 
     def __post_init__(self) -> None:
         # every field with an option is checked against its entry in OPTIONS (type, range, choices)
@@ -534,6 +547,15 @@ OPTIONS: tuple[Option, ...] = (
     _o("model_max_length", "MODEL_MAX_LENGTH", "int", "The model's input window in tokens (0: from its "
        "config).", low=0),
     _o("model_queue_size", "MODEL_QUEUE_SIZE", "int", "Claims pending for the model, at most.", low=1),
+    # three-way sentence verdicts and the cascade
+    _o("strictness", "STRICTNESS", "choice", "What an uncertain sentence does: strict alerts on it too; "
+       "lenient fails only numbers, dates, units and flipped negations.", choices=STRICTNESS),
+    _o("names_absent", "NAMES_ABSENT", "choice", "What a name the contexts lack is (unset: uncertain when "
+       "lenient, else fail).", choices=("fail", "uncertain")),
+    _o("cascade_judge", "CASCADE_JUDGE", "judge", "The cascade judge's strong tier: asked only about the "
+       "sentences the local judge is uncertain about."),
+    _o("cascade_confirm_fails", "CASCADE_CONFIRM_FAILS", "bool", "The cascade asks its strong tier about "
+       "the local judge's fails too, before they alert."),
 )
 
 #: judge-LLM options: ``EVAL_<NAME>`` sets the final pass's judge LLM, ``EVAL_CHECKPOINT_<NAME>`` the
@@ -743,6 +765,7 @@ _OTHER_VARS: frozenset[str] = frozenset({
     "STREAMJUDGE_TRACES_EXPORTERS", "STREAMJUDGE_LOW_SCORE_THRESHOLD", "STREAMJUDGE_OTELCOL",
     "STREAMJUDGE_JAEGER", "STREAMJUDGE_PROMETHEUS", "STREAMJUDGE_PROMTOOL", "STREAMJUDGE_ALERTMANAGER",
     "STREAMJUDGE_AMTOOL", "STREAMJUDGE_PHOENIX_PYTHON",
+    "STREAMJUDGE_WORKER_BEARER_TOKEN",  # streamjudge worker: the token its receivers require
 })
 _OTHER_PREFIXES: tuple[str, ...] = ("STREAMJUDGE_COLLECTOR_",)
 

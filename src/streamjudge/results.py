@@ -16,6 +16,8 @@ from typing import Any, Final, Literal
 from streamjudge import semconv
 
 EvalKind = Literal["checkpoint", "answer", "preflight"]
+#: a sentence's three-way verdict: hard evidence against it, weak signals only, or nothing against it
+SentenceVerdict = Literal["supported", "uncertain", "fail"]
 
 #: Metrics a judge may be asked for. Judges skip (``Score.skipped``) what they cannot compute.
 METRICS: tuple[str, ...] = (
@@ -59,6 +61,15 @@ class SentenceScore:
     value: float
     reason: str = ""
     label: str | None = None
+    #: the three-way verdict of a judge that gives one: ``supported``, ``uncertain`` or ``fail``
+    verdict: SentenceVerdict | None = None
+    #: whether the judge that gave ``verdict`` wants this sentence to alert (its strictness decides what an
+    #: uncertain sentence does); when set, it labels the sentence instead of the threshold
+    alert: bool | None = None
+    #: the judge (tier) that decided the sentence: ``local``, or the strong judge of a cascade
+    tier: str | None = None
+    #: the kind of evidence behind ``verdict`` ("number", "name", "role_swap", "negation", "words"...)
+    kind: str | None = None
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.value <= 1.0 and math.isfinite(self.value)):
@@ -67,11 +78,15 @@ class SentenceScore:
             raise ValueError(f"sentence range {self.start}..{self.end} is not a range")
 
     def shifted(self, by: int, threshold: float | None = None) -> SentenceScore:
-        """A copy moved ``by`` chars (and labelled against ``threshold`` when given)."""
+        """A copy moved ``by`` chars (and labelled against ``threshold`` when given; a sentence whose
+        judge decided ``alert`` is labelled by that decision)."""
         label = self.label
-        if threshold is not None:
+        if self.alert is not None:
+            label = "fail" if self.alert else "pass"
+        elif threshold is not None:
             label = "pass" if self.value >= threshold else "fail"
-        return SentenceScore(self.start + by, self.end + by, self.value, self.reason, label)
+        return SentenceScore(self.start + by, self.end + by, self.value, self.reason, label, self.verdict,
+                             self.alert, self.tier, self.kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +114,8 @@ class Score:
         return min(self.sentences, key=lambda s: s.value) if self.sentences else None
 
     def failing(self, threshold: float) -> tuple[SentenceScore, ...]:
-        """Sentences below ``threshold``."""
-        return tuple(s for s in self.sentences if s.value < threshold)
+        """Sentences below ``threshold`` (or, when their judge decided, the ones it wants to alert)."""
+        return tuple(s for s in self.sentences if (s.value < threshold if s.alert is None else s.alert))
 
     def with_label(self, threshold: float, *, shift: int = 0) -> Score:
         """Return a copy labelled ``pass``/``fail`` against ``threshold`` (skips stay unlabelled).
@@ -110,7 +125,12 @@ class Score:
         sentences = tuple(s.shifted(shift, threshold) for s in self.sentences)
         if self.value is None:
             return Score(self.name, None, None, self.explanation, self.skipped, sentences)
-        failed = self.value < threshold or any(s.label == "fail" for s in sentences)
+        sentence_failed = any(s.label == "fail" for s in sentences)
+        if sentences and all(s.alert is not None for s in sentences):
+            # the judge decided per sentence (three-way verdicts): the average does not overrule it
+            failed = sentence_failed
+        else:
+            failed = self.value < threshold or sentence_failed
         return Score(self.name, self.value, "fail" if failed else "pass", self.explanation, self.skipped,
                      sentences)
 

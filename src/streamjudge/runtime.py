@@ -238,13 +238,15 @@ def _add_exporters(
     like the app's own exporters (the distro's take_over_export later moves them behind the processor).
     """
     for exp in exporters:
+        batch = BatchSpanProcessor(exp)
+        count_export_failures(batch)  # its queue's drops too, not only the exporter's failures
         if processor.downstream is not None:
             multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
             multi.add_span_processor(processor.downstream)
-            multi.add_span_processor(BatchSpanProcessor(exp))
+            multi.add_span_processor(batch)
             processor.set_downstream(multi)
         else:
-            _add_span_processor(provider, BatchSpanProcessor(exp))
+            _add_span_processor(provider, batch)
 
 
 def configure(
@@ -291,6 +293,7 @@ def configure(
         meter_provider = owned_meter
     if downstream is None and exporter is not None:
         downstream = BatchSpanProcessor(exporter)
+        count_export_failures(downstream)  # a lost span is counted whichever way the export path was built
     if tracer_provider is None:
         current = trace.get_tracer_provider()
         if isinstance(current, SDKTracerProvider):

@@ -178,3 +178,19 @@ METRIC_ATTR_STATUS: Final = "status"
 # --- export failures (span exporters streamjudge creates or takes over) ----------------------------
 METRIC_EXPORT_FAILURES: Final = "streamjudge.export.failures"  # spans an exporter failed to deliver
 METRIC_ATTR_EXPORTER: Final = "exporter"
+
+# --- `streamjudge worker` receivers: requests refused or cut short, by reason ----------------------
+# (too_large, bad_request, unauthorized, busy, aborted, timeout, tls)
+METRIC_WORKER_REQUESTS_REJECTED: Final = "streamjudge.worker.requests.rejected"
+
+# --- three-way sentence verdicts (SentenceScore.verdict / .tier / .kind) ----------------------------
+# Per judged sentence of a metric, on a ``gen_ai.evaluation.result`` event, parallel string arrays in the
+# order of the metric's sentences: the verdict (``supported`` / ``uncertain`` / ``fail``), the judge tier
+# that decided it (``local``, or the strong judge of a cascade: ``llm``, ``model`` ...) and the kind of
+# evidence behind it (``number``, ``date``, ``unit``, ``name``, ``role_swap``, ``negation``, ``detached``,
+# ``negation_tie``, ``words``, ``llm``, ``model``; empty for a supported sentence)
+EVAL_SENTENCE_VERDICTS: Final = "streamjudge.eval.sentence_verdicts"
+EVAL_SENTENCE_TIERS: Final = "streamjudge.eval.sentence_tiers"
+EVAL_SENTENCE_KINDS: Final = "streamjudge.eval.sentence_kinds"
+#: the strictness the judge ran at (``lenient`` / ``default`` / ``strict``)
+EVAL_STRICTNESS: Final = "streamjudge.eval.strictness"

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
 
-__all__ = ["CheckpointPolicy", "Sentence", "SentenceBuffer", "split_sentences"]
+__all__ = ["CheckpointPolicy", "Sentence", "SentenceBuffer", "split_sentences", "split_units"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -722,6 +722,91 @@ def split_sentences(text: str, max_sentence_chars: int = 1000) -> list[Sentence]
     out = list(buffer.feed(text))
     out.extend(buffer.flush())
     return out
+
+
+_UNIT_LIST_RE = re.compile(r"[ \t]*(?:[-*+\u2022\u25cf\u2013]|\d{1,3}[.)]|[a-zA-Z][.)])[ \t]+(?=\S)")
+_UNIT_HEADING_RE = re.compile(r"[ \t]*#{1,6}[ \t]+(?=\S)")
+_UNIT_CELL_RE = re.compile(r"[^|\t]+")
+_UNIT_ENDS = frozenset(".!?:;,\u3002\uff01\uff1f\u2026")
+# a line without final punctuation is a heading when it is this short and reads like a title
+_HEADING_MAX_WORDS = 10
+
+
+def split_units(text: str, max_sentence_chars: int = 1000) -> list[Sentence]:
+    """Split a whole document into the units a judge compares a claim with: sentences, and every line
+    that does not run on into the next one as a unit of its own.
+
+    A heading (a Markdown ``#`` line, or a short line without final punctuation whose words are mostly
+    capitalised or at most three: "Refund Policy"), a list item and a table row (``|`` or tab separated
+    cells) start and end units; the prose between them is split by :func:`split_sentences` (a
+    soft-wrapped line still continues its sentence). List markers, heading marks and a row's outer pipes
+    are not part of a unit; ranges are in ``text``'s coordinates. This is for whole texts (contexts, a judged
+    answer); the streaming :class:`SentenceBuffer` decides the live stream's sentences.
+    """
+    if "\n" not in text and "|" not in text and "\t" not in text and _UNIT_LIST_RE.match(text) is None \
+            and _UNIT_HEADING_RE.match(text) is None:
+        return split_sentences(text, max_sentence_chars)  # one line of prose (or a heading): no block
+    out: list[Sentence] = []
+    run = -1  # start of the prose run being gathered
+    run_end = 0
+
+    def flush() -> None:
+        nonlocal run
+        if run >= 0:
+            piece = text[run:run_end]
+            out.extend(Sentence(s.text, s.start + run, s.end + run)
+                       for s in split_sentences(piece, max_sentence_chars))
+        run = -1
+
+    end = -1
+    while end < len(text):
+        start = end + 1
+        end = text.find("\n", start)
+        if end < 0:
+            end = len(text)
+        line = text[start:end]
+        body = line.strip()
+        if not body:
+            flush()
+            continue
+        if line.count("|") >= 2 or "\t" in body:
+            # a table row is one unit (its cells belong together: "Pro | $25"), without its outer pipes;
+            # a separator row ("|---|---|") is none
+            flush()
+            cells = [c for c in _UNIT_CELL_RE.finditer(line) if c.group().strip(" -:")]
+            if cells:
+                a = start + cells[0].start() + (len(cells[0].group()) - len(cells[0].group().lstrip()))
+                b = start + cells[-1].start() + len(cells[-1].group().rstrip())
+                out.append(Sentence(text[a:b], a, b))
+            continue
+        item = _UNIT_LIST_RE.match(line)
+        head = _UNIT_HEADING_RE.match(line) if item is None else None
+        if head is not None or (item is None and _looks_like_heading(body)):
+            flush()
+            a = start + (head.end() if head else len(line) - len(line.lstrip()))
+            value = text[a:end].strip()
+            out.append(Sentence(value, a, a + len(value)))
+            continue
+        if item is not None:
+            flush()
+            run = start + item.end()
+        elif run < 0:
+            run = start
+        run_end = end
+    flush()
+    return out
+
+
+def _looks_like_heading(line: str) -> bool:
+    if line[-1] in _UNIT_ENDS or line[-1] in "\"')]\u201d":
+        return False
+    words = line.split()
+    if len(words) > _HEADING_MAX_WORDS:
+        return False
+    if len(words) <= 3:
+        return True
+    alpha = [w for w in words if w[0].isalpha()]
+    return bool(alpha) and 2 * sum(w[0].isupper() for w in alpha) >= len(alpha) + 1
 
 
 class CheckpointPolicy:

@@ -6,15 +6,21 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Sequence
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 
 from exporters._http import Reply, always, serve
-from streamjudge import semconv
+from streamjudge import _sdk, semconv
 from streamjudge._deadline import shutdown_deadline
 from streamjudge.exporters._counting import CountingSpanExporter, count_export_failures
 from streamjudge.exporters.langfuse import langfuse_exporter_from_env
@@ -130,3 +136,96 @@ def test_an_export_to_a_backend_that_never_answers_gives_up_at_the_shutdown_dead
     assert result == SpanExportResult.FAILURE
     assert exporter.failed == {"deadline": 3}
     assert took < 2.0, took  # the exporter's own timeout is 30 s
+
+
+class _Gate(SpanExporter):
+    """An exporter whose backend does not answer until ``open`` is set; then it accepts or refuses."""
+
+    def __init__(self, accept: bool) -> None:
+        self.open = threading.Event()
+        self.accept = accept
+        self.delivered = 0
+        self.received = 0
+        self.calls = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.calls += 1
+        self.received += len(spans)
+        self.open.wait(30)
+        if not self.accept:
+            return SpanExportResult.FAILURE
+        self.delivered += len(spans)
+        return SpanExportResult.SUCCESS
+
+
+def _end_spans(provider: TracerProvider, n: int) -> None:
+    tracer = provider.get_tracer("test")
+    for i in range(n):
+        tracer.start_span(f"s{i}").end()
+
+
+def test_spans_the_batch_processor_drops_while_its_queue_is_full_are_counted() -> None:
+    """The SDK drops silently when its queue is full (the exporter busy with a backend that does not
+    answer): those spans never reach an exporter, so only the processor side can count them."""
+    reader = InMemoryMetricReader()
+    gate = _Gate(accept=True)
+    provider = TracerProvider()
+    bsp = BatchSpanProcessor(gate, max_queue_size=8, max_export_batch_size=4, schedule_delay_millis=10)
+    provider.add_span_processor(bsp)
+    counted = CountingSpanExporter(gate, meter_provider=MeterProvider(metric_readers=[reader]))
+    _sdk.set_processor_exporter(bsp, counted)
+    assert count_export_failures(provider) == 0  # already counting: its drops are hooked, nothing rewrapped
+    _end_spans(provider, 60)
+    gate.open.set()
+    provider.force_flush(10_000)
+    provider.shutdown()
+    lost = counted.failed.get("queue_full", 0)
+    assert lost >= 60 - 8 - 4  # at most a queue and a batch could be kept
+    assert gate.delivered + lost == 60, (gate.delivered, counted.failed)
+    assert failures(reader) == {("_Gate", "queue_full"): lost}
+
+
+def test_spans_still_queued_when_shutdown_gives_up_and_spans_ended_after_it_are_counted() -> None:
+    gate = _Gate(accept=False)
+    provider = TracerProvider()
+    bsp = BatchSpanProcessor(gate, max_queue_size=64, max_export_batch_size=4, schedule_delay_millis=10)
+    provider.add_span_processor(bsp)
+    count_export_failures(provider)
+    counted = _sdk.processor_exporter(bsp)
+    assert isinstance(counted, CountingSpanExporter)
+    _end_spans(provider, 20)
+    deadline = time.monotonic() + 10
+    while gate.calls == 0 and time.monotonic() < deadline:  # the worker holds one batch in the exporter
+        time.sleep(0.01)
+    # the batch processor's own shutdown takes a timeout (the span processor's waits 30 s): give up at once
+    bsp._batch_processor.shutdown(timeout_millis=1)
+    gate.open.set()  # the batch in the exporter is refused
+    bsp.on_end(spans(1)[0])  # a span that ends after the shutdown
+    deadline = time.monotonic() + 10
+    while sum(counted.failed.values()) < 21 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sum(counted.failed.values()) == 21, counted.failed
+    assert counted.failed["failure"] == gate.received and counted.failed["already_shutdown"] == 1
+    assert counted.failed["shutdown"] == 20 - gate.received
+
+
+def test_spans_dropped_by_the_batch_processor_that_configure_builds_for_an_exporter_are_counted() -> None:
+    """``configure(exporter=...)`` wraps the exporter in a batch processor of its own: its queue's drops
+    during an outage count like those of the processors the SDK builds from ``OTEL_*`` variables."""
+    from streamjudge import runtime
+
+    gate = _Gate(accept=True)
+    provider = TracerProvider()
+    rt = runtime.configure(tracer_provider=provider, exporter=gate, backends_from_env=False, set_global=False)
+    try:
+        counted = _sdk.processor_exporter(rt.processor.downstream)
+        assert isinstance(counted, CountingSpanExporter)
+        _end_spans(provider, 2048 + 512 + 200)  # more than the default queue and one batch can keep
+        gate.open.set()
+        provider.force_flush(30_000)
+        lost = counted.failed.get("queue_full", 0)
+        assert lost > 0
+        assert gate.delivered + lost == 2048 + 512 + 200, (gate.delivered, counted.failed)
+    finally:
+        gate.open.set()
+        rt.shutdown()

@@ -74,7 +74,10 @@ def test_the_manifest_holds_exactly_the_components_the_config_uses() -> None:
     # the scale-out gateway (collector/gateway-config.yaml) adds the load_balancing exporter
     gateway = (COLLECTOR_DIR / "gateway-config.yaml").read_text()
     assert "load_balancing:" in gateway
-    assert built == used | {"load_balancing"}
+    # the no-loss local collector (collector/otel-config-durable.yaml) adds the file_storage extension
+    durable = (COLLECTOR_DIR / "otel-config-durable.yaml").read_text()
+    assert "file_storage/" in durable
+    assert built == used | {"load_balancing", "file_storage"}
 
 
 def test_promtool_unit_tests_of_the_alert_rules_pass() -> None:

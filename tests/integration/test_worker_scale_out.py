@@ -274,8 +274,9 @@ def test_the_kubernetes_gateway_config_in_deploy_is_valid_for_the_real_collector
     [config_map] = [d for d in docs if d["kind"] == "ConfigMap"]
     config = tmp_path / "k8s-gateway.yaml"
     config.write_text(config_map["data"]["config.yaml"])
+    env = {**os.environ, "POD_IP": "10.1.2.3", "STREAMJUDGE_WORKER_BEARER_TOKEN": "t0ken"}  # the pod's env
     proc = subprocess.run([str(collector_binary()), "validate", "--config", str(config)],
-                          capture_output=True, text=True, timeout=120, check=False)
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "k8s" in yaml.safe_load(config.read_text())["exporters"]["load_balancing"]["resolver"]
 
@@ -454,7 +455,7 @@ def test_sigterm_flushes_pending_traces_and_marks_unfinished_judgements_within_t
     worker = WorkerProc("sigterm-worker", free_port(), free_port(), sink, tmp_path,
                         extra_env={"STREAMJUDGE_JUDGE": "worker_judges:HangingJudge"})
     try:
-        worker.start("--decision-wait", "600", "--shutdown-timeout", "3")
+        worker.start("--decision-wait", "600", "--shutdown-timeout", "3", "--hold-traces")
         spans, pending, answers = _traces(n_pending=5, n_answers=3)
         body = encode_spans(spans).SerializeToString()
         import urllib.request
@@ -486,6 +487,35 @@ def test_sigterm_flushes_pending_traces_and_marks_unfinished_judgements_within_t
             else:  # held traces flushed unchanged
                 assert s.attributes.get(semconv.EVAL_STATUS) in (None, "judged")
         assert {s.trace_id for s in got.values()} >= pending
+    finally:
+        worker.stop()
+        sink.stop()
+
+
+def test_a_worker_killed_after_acknowledging_an_export_loses_none_of_the_spans_it_does_not_judge(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL (or the OOM killer) gives no chance to flush: what the worker acknowledged and still held
+    in memory would be gone. Spans it does not judge are handed on before the acknowledgement."""
+    sink = OTLPReceiver().start()
+    worker = WorkerProc("kill9-worker", free_port(), free_port(), sink, tmp_path,
+                        extra_env={"STREAMJUDGE_JUDGE": "worker_judges:HangingJudge"})
+    try:
+        worker.start("--decision-wait", "600")
+        spans, _pending, answers = _traces(n_pending=5, n_answers=3)
+        body = encode_spans(spans).SerializeToString()
+        import urllib.request
+
+        req = urllib.request.Request(f"http://127.0.0.1:{worker.http_port}/v1/traces", data=body,
+                                     headers={"Content-Type": "application/x-protobuf"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200  # acknowledged: the sender will not send these again
+        worker.kill()
+        others = {(format(s.context.trace_id, "032x"), format(s.context.span_id, "016x"))  # type: ignore[union-attr]
+                  for s in spans if format(s.context.span_id, "016x") not in answers}  # type: ignore[union-attr]
+        got = {(s.trace_id, s.span_id) for s in sink.snapshot()}
+        assert len(others) == len(spans) - len(answers) == 5 + 3 * 2
+        assert got == others, f"{len(others - got)} acknowledged spans lost with the worker"
     finally:
         worker.stop()
         sink.stop()

@@ -116,3 +116,102 @@ def test_a_401_is_final_and_not_retried(llm_server: ScriptedLLMServer, exporter:
         assert all(int(s.attributes.get(semconv.EVAL_ATTEMPTS, 1)) == 1 for s in spans)
     finally:
         rt.shutdown()
+
+
+class _HugeReplies:
+    """An OpenAI-compatible endpoint whose every reply is a valid chat completion of ``size`` bytes, sent
+    in 1 MB pieces (never held whole): with a Content-Length, without one (the body ends at the close), or
+    gzip-compressed (a few KB on the wire)."""
+
+    def __init__(self, size: int, how: str) -> None:
+        import zlib
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        head = b'{"id":"x","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,' \
+               b'"finish_reason":"stop","message":{"role":"assistant","content":"'
+        tail = b'"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+        piece = b"a" * (1 << 20)
+        pieces = size // len(piece)
+        total = len(head) + pieces * len(piece) + len(tail)
+        gz = b""
+        if how == "gzip":
+            c = zlib.compressobj(9, zlib.DEFLATED, 31)
+            gz = c.compress(head) + b"".join(c.compress(piece) for _ in range(pieces)) + c.compress(tail)
+            gz += c.flush()
+        self.requests = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def log_message(self, format: str, *args: object) -> None:
+                return None
+
+            def do_POST(self) -> None:
+                outer.requests += 1
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if how == "length":
+                    self.send_header("Content-Length", str(total))
+                if how == "gzip":
+                    self.send_header("Content-Encoding", "gzip")
+                    self.send_header("Content-Length", str(len(gz)))
+                self.end_headers()
+                try:
+                    if how == "gzip":
+                        self.wfile.write(gz)
+                        return
+                    self.wfile.write(head)
+                    for _ in range(pieces):
+                        self.wfile.write(piece)
+                    self.wfile.write(tail)
+                except OSError:  # the client stopped reading: what the cap is for
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        import threading
+
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["stream", "length", "gzip"])
+def test_a_reply_over_the_byte_cap_is_an_error_for_that_call_and_costs_no_memory(
+        exporter: InMemorySpanExporter, how: str) -> None:
+    import tracemalloc
+
+    from streamjudge.judging.judges import _clients
+
+    size = 64 * getattr(_clients, "MAX_REPLY_BYTES", 1 << 20)
+    srv = _HugeReplies(size, how)
+    settings = load_settings({
+        "STREAMJUDGE_JUDGE": "llm", "EVAL_PROVIDER": "openai", "EVAL_MODEL": "judge-model",
+        "EVAL_BASE_URL": srv.url, "EVAL_API_KEY": "sk-test-not-a-real-key-0000", "EVAL_TIMEOUT": "30",
+        "STREAMJUDGE_JUDGE_TIMEOUT": "60", "STREAMJUDGE_MAX_RETRIES": "0", "STREAMJUDGE_END_WAIT": "0.1",
+        "STREAMJUDGE_PREFLIGHT": "false", "STREAMJUDGE_FINAL_METRICS": "faithfulness",
+    })
+    rt = streamjudge.configure(settings, downstream=SimpleSpanProcessor(exporter), set_global=False,
+                               backends_from_env=False, sinks=())
+    tracemalloc.start()
+    try:
+        _stream()
+        spans = _judged_spans(rt, exporter)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        rt.shutdown()
+        srv.close()
+    print(f"\n{how}: {srv.requests} replies of {size / 1e6:.0f} MB, peak {peak / 1e6:.1f} MB traced")
+    assert peak < size / 4, f"peak {peak / 1e6:.1f} MB for replies of {size / 1e6:.0f} MB"
+    assert srv.requests >= 2
+    assert len(spans) == 2
+    for s in spans:
+        assert s.attributes[semconv.EVAL_STATUS] == "error", dict(s.attributes)
+        assert "reply too large" in str(s.attributes[semconv.EVAL_SKIP_REASON]), dict(s.attributes)

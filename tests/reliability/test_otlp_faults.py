@@ -21,6 +21,7 @@ import streamjudge
 from _fakes import SyncKeywordJudge
 from exporters._http import Reply, always, otlp_spans, sequence, serve
 from reliability.conftest import SpanLedger, atokens
+from streamjudge import _sdk
 from streamjudge.config import Settings
 from streamjudge.exporters._counting import CountingSpanExporter
 from streamjudge.runtime import Runtime
@@ -35,10 +36,12 @@ def _answer(i: int) -> str:
 
 
 @contextmanager
-def _app(endpoint: str, timeout_s: float = 2.0) -> Iterator[tuple[Runtime, BatchSpanProcessor, SpanLedger]]:
+def _app(endpoint: str, timeout_s: float = 2.0,
+         queue: int = 2048) -> Iterator[tuple[Runtime, BatchSpanProcessor, SpanLedger]]:
     """What the distro builds from OTEL_*: a provider exporting over OTLP/HTTP, streamjudge in front."""
     provider = TracerProvider()
-    bsp = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s), schedule_delay_millis=50)
+    bsp = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s), schedule_delay_millis=50,
+                             max_queue_size=queue, max_export_batch_size=min(queue, 512))
     provider.add_span_processor(bsp)
     rt = streamjudge.configure(Settings(preflight=False, end_wait_s=END_WAIT_S), tracer_provider=provider,
                                judge=SyncKeywordJudge(), set_global=False, backends_from_env=False, sinks=())
@@ -65,7 +68,7 @@ def _streams() -> list[float]:
 
 
 def _failed(bsp: BatchSpanProcessor) -> int:
-    exporter = bsp._batch_processor._exporter
+    exporter = _sdk.processor_exporter(bsp)
     assert isinstance(exporter, CountingSpanExporter), "the SDK's exporter is counted"
     return sum(exporter.failed.values())
 
@@ -128,3 +131,33 @@ def test_a_backend_recovering_from_503_gets_every_span_exactly_once() -> None:
         assert set(got) == set(ledger.ended), "a span was lost"
         assert max(got.values()) == 1, "a span was exported twice"
         assert _failed(bsp) == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fault", ["down", "hang"])
+def test_an_outage_longer_than_the_batch_queue_counts_every_span_it_drops(fault: str) -> None:
+    """The SDK's batch processor drops spans silently once its queue is full (the exporter busy retrying a
+    backend that is down): those never reach an exporter, and are counted all the same."""
+    never = threading.Event()
+
+    @contextmanager
+    def endpoint() -> Iterator[str]:
+        if fault == "down":
+            yield f"http://127.0.0.1:{_closed_port()}/v1/traces"
+            return
+        with serve(always(Reply(200, hang=never))) as srv:
+            yield srv.url + "/v1/traces"
+
+    try:
+        with endpoint() as url:
+            with _app(url, queue=8) as (rt, bsp, ledger):
+                _streams()
+                assert rt.pool.force_flush(10_000)
+            ended = len(ledger.ended)
+            assert ended > 8 * 4, "more spans than the queue holds"
+            exporter = _sdk.processor_exporter(bsp)
+            assert isinstance(exporter, CountingSpanExporter)
+            assert exporter.failed.get("queue_full", 0) > 0, exporter.failed
+            assert _failed(bsp) == ended, exporter.failed  # nothing arrived: every span is a counted loss
+    finally:
+        never.set()

@@ -58,3 +58,33 @@ def test_the_gateway_resolves_the_headless_worker_service_it_may_watch() -> None
     role = _kind("gateway.yaml", "Role")
     assert {"get", "list", "watch"} <= set(role["rules"][0]["verbs"])
     assert role["rules"][0]["resources"] == ["endpointslices"]
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_nothing_binds_every_interface_and_the_workers_take_exports_from_the_gateway_only() -> None:
+    worker = _kind("worker.yaml", "Deployment")
+    [container] = worker["spec"]["template"]["spec"]["containers"]
+    assert not any("0.0.0.0" in a for a in container["args"])
+    assert _env(container)["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert "0.0.0.0" not in _kind("gateway.yaml", "ConfigMap")["data"]["config.yaml"]
+    policies = {d["metadata"]["name"]: d for d in _docs("networkpolicy.yaml")}
+    wp = policies["streamjudge-worker"]["spec"]
+    assert wp["podSelector"]["matchLabels"] == worker["spec"]["template"]["metadata"]["labels"]
+    gateway_labels = _kind("gateway.yaml", "Deployment")["spec"]["template"]["metadata"]["labels"]
+    otlp = [r for r in wp["ingress"] if {"protocol": "TCP", "port": 4317} in r["ports"]]
+    assert [r["from"] for r in otlp] == [[{"podSelector": {"matchLabels": gateway_labels}}]]
+    gp = policies["streamjudge-gateway"]["spec"]
+    assert not any("ipBlock" in f for r in gp["ingress"] for f in r["from"])  # nothing from outside
+
+
+def test_the_gateway_sends_the_bearer_token_the_workers_require() -> None:
+    [worker] = _kind("worker.yaml", "Deployment")["spec"]["template"]["spec"]["containers"]
+    [gateway] = _kind("gateway.yaml", "Deployment")["spec"]["template"]["spec"]["containers"]
+    secret = _env(worker)[_cli.TOKEN_ENV]["valueFrom"]["secretKeyRef"]
+    assert _env(gateway)[_cli.TOKEN_ENV]["valueFrom"]["secretKeyRef"] == secret
+    config = yaml.safe_load(_kind("gateway.yaml", "ConfigMap")["data"]["config.yaml"])
+    headers = config["exporters"]["load_balancing"]["protocol"]["otlp"]["headers"]
+    assert headers["authorization"] == "Bearer ${env:" + _cli.TOKEN_ENV + "}"

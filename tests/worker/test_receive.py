@@ -84,8 +84,8 @@ def test_metrics_show_the_queue_depth_and_what_is_held(running: tuple[Worker, In
     with urllib.request.urlopen(f"http://127.0.0.1:{worker.http_port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     assert "streamjudge_judge_queue_depth 0" in text
-    assert "streamjudge_worker_buffer_traces 1" in text
-    assert "streamjudge_worker_buffer_spans 3" in text
+    assert "streamjudge_worker_buffer_traces 0" in text  # not held: handed on at once
+    assert 'streamjudge_worker_spans_released_total{reason="forwarded"} 3' in text
     assert "streamjudge_worker_spans_received_total 3" in text
 
 

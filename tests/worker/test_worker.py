@@ -189,9 +189,30 @@ def test_a_full_pool_still_gives_every_answer_exactly_one_outcome(make_worker: A
     assert worker.answer_counts() == {"judged": 2, "dropped": 1}
 
 
+HOLD = WorkerOptions(http_endpoint=None, grpc_endpoint=None, hold_traces=True)
+
+
+def test_by_default_other_spans_are_handed_on_before_the_export_is_acknowledged(
+    make_worker: Any, out: Out
+) -> None:
+    gate = threading.Event()  # a judge that has not answered yet
+    worker = make_worker(GatedJudge(gate))
+    trace = app_trace()
+    others = [s for s in trace if s.name != semconv.SPAN_STREAM]
+    assert worker.ingest(request(trace)) == len(trace)
+    # when ingest returns the receiver acknowledges: the spans it does not judge have left already
+    assert {ids(s) for s in out.spans()} == {ids(s) for s in others}
+    assert worker.buffer.spans == 0
+    gate.set()
+    worker.service.force_flush(10_000)
+    [answer] = out.answers()
+    assert answer.attributes[semconv.EVAL_STATUS] == "judged"
+    assert len(out.spans()) == len(trace)  # each once
+
+
 def test_shutdown_flushes_held_traces_and_marks_judgements_it_cannot_wait_for(make_worker: Any, out: Out) -> None:
     gate = threading.Event()  # never opened: a judge that hangs
-    worker = make_worker(GatedJudge(gate))
+    worker = make_worker(GatedJudge(gate), HOLD)
     waiting = app_trace(answer=False)  # its answer is still streaming in the app
     judging = app_trace()
     worker.ingest(request(waiting))
@@ -210,7 +231,7 @@ def test_the_decision_wait_sends_a_trace_on_without_its_answer(make_worker: Any,
     import time
 
     worker = make_worker(KeywordJudge(), WorkerOptions(http_endpoint=None, grpc_endpoint=None,
-                                                        decision_wait_s=30.0))
+                                                        decision_wait_s=30.0, hold_traces=True))
     waiting = app_trace(answer=False)
     worker.ingest(request(waiting))
     assert worker.sweep(time.monotonic()) == 0
@@ -223,7 +244,8 @@ def test_the_decision_wait_sends_a_trace_on_without_its_answer(make_worker: Any,
 def test_over_its_span_bound_the_worker_sends_the_oldest_trace_on_unchanged_and_counts_it(
     make_worker: Any, out: Out
 ) -> None:
-    worker = make_worker(KeywordJudge(), WorkerOptions(http_endpoint=None, grpc_endpoint=None, max_spans=4))
+    worker = make_worker(KeywordJudge(), WorkerOptions(http_endpoint=None, grpc_endpoint=None, max_spans=4,
+                                                        hold_traces=True))
     full = app_trace()
     first = [s for s in full if s.name != semconv.SPAN_STREAM]  # 3 spans: its answer is still streaming
     second = app_trace(answer=False)
@@ -257,8 +279,7 @@ class _StuckExport(SimpleSpanProcessor):
 
 def test_shutdown_keeps_its_deadline_when_the_export_path_hangs() -> None:
     stuck = _StuckExport()
-    worker = Worker(Settings(), WorkerOptions(http_endpoint=None, grpc_endpoint=None), export=stuck,
-                    judge=KeywordJudge())
+    worker = Worker(Settings(), HOLD, export=stuck, judge=KeywordJudge())
     worker.ingest(request(app_trace(answer=False)))
     try:
         summary = worker.shutdown(0.5)
@@ -266,3 +287,24 @@ def test_shutdown_keeps_its_deadline_when_the_export_path_hangs() -> None:
         assert summary["flushed_spans"] == 3
     finally:
         stuck.release.set()
+
+
+class _Refusing(InMemorySpanExporter):
+    """An onward backend that refuses every export."""
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        return SpanExportResult.FAILURE
+
+
+def test_spans_the_worker_cannot_deliver_onward_are_counted_on_its_metrics() -> None:
+    worker = Worker(Settings(), WorkerOptions(http_endpoint=None, grpc_endpoint=None), exporter=_Refusing(),
+                    judge=KeywordJudge())
+    try:
+        trace = app_trace(answer=False)
+        worker.ingest(request(trace))  # handed on (and refused) before it returns
+        text = worker.prometheus.render()
+        assert f'streamjudge_export_failures_total{{exporter="_Refusing",reason="failure"}} {len(trace)}' in text, text
+    finally:
+        worker.shutdown(2.0)

@@ -7,7 +7,10 @@ export to the ``streamjudge.export.failures`` counter, by exporter and reason:
 
 - ``failure``: the exporter returned ``FAILURE`` (HTTP error, retries exhausted, connection refused);
 - ``exception``: it raised (the exception still propagates, as the batch processor expects);
-- ``deadline``: a shutdown deadline (:mod:`streamjudge._deadline`) passed while it was still sending.
+- ``deadline``: a shutdown deadline (:mod:`streamjudge._deadline`) passed while it was still sending;
+- ``queue_full``: the SDK's batch processor in front of it dropped the span (its queue was full: the
+  exporter was still busy with a backend that is down or slow); ``already_shutdown``: the span ended after
+  that processor's shutdown; ``shutdown``: it was still queued when the processor's shutdown gave up.
 
 While a shutdown deadline is open, an export runs on a helper thread and is waited for no longer than the
 deadline: one unresponsive backend cannot hold the process past it.
@@ -23,9 +26,9 @@ from collections.abc import Sequence
 
 from opentelemetry import metrics
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from streamjudge import semconv
+from streamjudge import _sdk, semconv
 from streamjudge._deadline import Deadline, bounded_millis, current_deadline
 
 _log = logging.getLogger(__name__)
@@ -109,6 +112,11 @@ class CountingSpanExporter(SpanExporter):
             self._count(len(spans), REASON_FAILURE)
         return result
 
+    def count_lost(self, n: int, reason: str) -> None:
+        """Count ``n`` spans lost on the way to this exporter (its batch processor dropped them)."""
+        if n > 0:
+            self._count(n, reason)
+
     def _count(self, n: int, reason: str) -> None:
         with self._lock:
             self.failed[reason] = self.failed.get(reason, 0) + n
@@ -155,38 +163,36 @@ def counting(exporter: SpanExporter, name: str | None = None) -> CountingSpanExp
 
 def count_export_failures(root: object) -> int:
     """Wrap the exporters of the batch/simple span processors reachable from ``root`` (a provider, its
-    active processor, a composite, or the judge processor's export path) in :class:`CountingSpanExporter`;
-    returns how many were wrapped. For the exporters the SDK built from ``OTEL_*`` variables, which
-    streamjudge takes over but does not create. Idempotent.
+    active processor, a composite, or the judge processor's export path) in :class:`CountingSpanExporter`,
+    and count what a batch processor drops before its exporter sees it (queue full, shutdown) in the same
+    metric; returns how many exporters were wrapped. For the exporters the SDK built from ``OTEL_*``
+    variables, which streamjudge takes over but does not create. Idempotent.
     """
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-
     wrapped = 0
     seen: set[int] = set()
-    todo = [getattr(root, "_active_span_processor", root)]
+    todo = [_sdk.active_processor(root) or root]
     while todo:
         p = todo.pop()
         if p is None or id(p) in seen:
             continue
         seen.add(id(p))
-        # where the SDK keeps the exporter (1.3x-1.4x): BatchSpanProcessor -> BatchProcessor._exporter,
-        # SimpleSpanProcessor.span_exporter
-        holder: object | None = None
-        attr = ""
-        if isinstance(p, BatchSpanProcessor):
-            holder, attr = getattr(p, "_batch_processor", None), "_exporter"
-        elif isinstance(p, SimpleSpanProcessor):
-            holder, attr = p, "span_exporter"
-        exporter = getattr(holder, attr, None) if holder is not None else None
-        if isinstance(exporter, SpanExporter) and not _counts_already(exporter):
-            setattr(holder, attr, CountingSpanExporter(exporter))
-            wrapped += 1
-        todo.extend(getattr(p, "_span_processors", ()) or ())
-        todo.append(getattr(p, "_downstream", None))
+        exporter = _sdk.processor_exporter(p)
+        if exporter is not None:
+            counted = _counter_of(exporter)
+            if counted is None:
+                counted = CountingSpanExporter(exporter)
+                _sdk.set_processor_exporter(p, counted)  # type: ignore[arg-type]
+                wrapped += 1
+            if isinstance(p, BatchSpanProcessor):
+                _sdk.report_batch_losses(p, counted.count_lost)
+        todo.extend(_sdk.child_processors(p))
+        todo.append(getattr(p, "downstream", None))  # the judge processor's export path
     return wrapped
 
 
-def _counts_already(exporter: SpanExporter) -> bool:
+def _counter_of(exporter: SpanExporter) -> CountingSpanExporter | None:
     # the Langfuse mapping exporter wraps a counting one
-    inner = getattr(exporter, "_exporter", None)
-    return isinstance(exporter, CountingSpanExporter) or isinstance(inner, CountingSpanExporter)
+    if isinstance(exporter, CountingSpanExporter):
+        return exporter
+    inner = getattr(exporter, "counting", None)
+    return inner if isinstance(inner, CountingSpanExporter) else None

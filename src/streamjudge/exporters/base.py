@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from opentelemetry.sdk.trace import SpanProcessor
 
+from streamjudge import _sdk
 from streamjudge.results import EvaluationRecord
 
 __all__ = ["EvaluationRecord", "EvaluationSink", "find_span_processors"]
@@ -52,6 +53,6 @@ def find_span_processors(root: object, match: Callable[[type], bool]) -> list[Sp
         if match(type(p)):
             found.append(p)  # type: ignore[arg-type]
             continue
-        todo.extend(getattr(p, "_span_processors", ()) or ())  # the SDK's composite processors
-        todo.append(getattr(p, "_downstream", None))  # the judge processor's export path
+        todo.extend(_sdk.child_processors(p))  # the SDK's composite processors
+        todo.append(getattr(p, "downstream", None))  # the judge processor's export path
     return found

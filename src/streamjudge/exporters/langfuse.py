@@ -54,7 +54,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.util.types import AttributeValue
 
-from streamjudge import semconv
+from streamjudge import _sdk, semconv
 from streamjudge._deadline import bounded_millis, current_deadline
 from streamjudge._spans import copy_span
 from streamjudge._vendors import LANGFUSE_KEYS, is_langfuse_sdk_processor
@@ -274,6 +274,11 @@ class LangfuseSpanExporter(SpanExporter):
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Flush the wrapped exporter."""
         return self._exporter.force_flush(timeout_millis)
+
+    @property
+    def counting(self) -> CountingSpanExporter | None:
+        """The exporter that counts this one's failures (None when the wrapped one does not count)."""
+        return self._exporter if isinstance(self._exporter, CountingSpanExporter) else None
 
     def __repr__(self) -> str:
         return f"<LangfuseSpanExporter wrapping {type(self._exporter).__name__}>"
@@ -524,7 +529,7 @@ def adopt_langfuse_sdk(provider: object) -> list[SpanProcessor]:
     application's own is left alone (the application chose what Langfuse receives), with a log line saying
     how to include streamjudge's spans.
     """
-    processors = langfuse_sdk_processors(getattr(provider, "_active_span_processor", None))
+    processors = langfuse_sdk_processors(_sdk.active_processor(provider))
     if not processors:
         return []
     try:
@@ -532,13 +537,13 @@ def adopt_langfuse_sdk(provider: object) -> list[SpanProcessor]:
     except ImportError:  # an SDK too old to filter exports every span already
         return processors
     for p in processors:
-        current = getattr(p, "_should_export_span", None)
+        current = _sdk.vendor_export_filter(p)
         if current is None or getattr(current, _ADOPTED, False) or getattr(p, _ADOPTED, False):
             continue
         setattr(p, _ADOPTED, True)
         if current is is_default_export_span:
             # the SDK keeps the filter in an attribute it reads on every span start and end
-            p._should_export_span = should_export_span  # type: ignore[attr-defined]
+            _sdk.set_vendor_export_filter(p, should_export_span)
             _logger.info("streamjudge: the Langfuse SDK processor now also exports streamjudge's spans")
         else:
             _logger.warning(
@@ -634,4 +639,4 @@ class LangfuseClientScoreSink:
         return None
 
     def __repr__(self) -> str:
-        return f"LangfuseClientScoreSink(public_key={getattr(self._client, '_public_key', '?')!r})"
+        return f"LangfuseClientScoreSink({type(self._client).__name__})"

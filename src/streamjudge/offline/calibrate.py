@@ -1,8 +1,13 @@
-"""Threshold calibration: which checkpoint threshold separates the cases that should alert from the rest.
+"""Calibration: how often the guard cries wolf, and how much it catches, at each setting.
 
-Every case is replayed once through the real guard with a threshold of 1.0, so each checkpoint that is not
-perfect reports its score; a case fires at threshold ``t`` exactly when its lowest checkpoint score is below
-``t``. The sweep then costs nothing per threshold.
+Per strictness (``lenient``, ``default``, ``strict``), every case is replayed through the real guard at
+the configured threshold: the false-alarm rate is the share of the grounded cases (``expect_alert``
+false) that alerted, the catch rate the share of the others that did. A judge whose sentences carry
+three-way verdicts decides its alerts itself; the threshold matters for judges that give scores only.
+
+The threshold sweep: every case is replayed once more with a threshold of 1.0, so each checkpoint that
+is not perfect reports its score; a case fires at threshold ``t`` exactly when its lowest checkpoint
+score is below ``t``. The sweep then costs nothing per threshold.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamjudge.config import Settings
+from streamjudge.config import STRICTNESS, Settings
 from streamjudge.judging.base import Judge
 from streamjudge.offline.replay import CaseResult, ReplayCase, replay
 
@@ -74,6 +79,51 @@ def lowest_scores(
         concurrency=concurrency, on_result=on_result, judge=judge, checkpoint_judge=checkpoint_judge,
     )
     return [1.0 if r.min_failing_score is None else r.min_failing_score for r in results]
+
+
+@dataclass(frozen=True, slots=True)
+class StrictnessRow:
+    """How the cases fare at one strictness, at the configured threshold."""
+
+    strictness: str
+    counts: ThresholdRow
+
+    @property
+    def false_alarm_rate(self) -> float | None:
+        """Share of the grounded cases (expected to stay quiet) that alerted."""
+        s = self.counts.specificity
+        return None if s is None else 1.0 - s
+
+    @property
+    def catch_rate(self) -> float | None:
+        """Share of the cases expected to alert that did."""
+        return self.counts.recall
+
+
+def by_strictness(
+    cases: Sequence[ReplayCase],
+    settings: Settings,
+    *,
+    chunk_size: int = 8,
+    concurrency: int = 1,
+    judges: Callable[[Settings], tuple[Judge | None, Judge | None]] | None = None,
+    on_result: Callable[[CaseResult], None] | None = None,
+) -> list[StrictnessRow]:
+    """Replay ``cases`` once per strictness at ``settings.threshold`` and count the alerts. ``judges``
+    builds the (final, checkpoint) judges for each strictness's settings (default: from the settings)."""
+    expected = [bool(c.expect_alert) for c in cases]
+    rows = []
+    for strictness in STRICTNESS:
+        st = settings.replace(strictness=strictness)
+        final, checkpoint = judges(st) if judges is not None else (None, None)
+        results = replay(cases, st, chunk_size=chunk_size, concurrency=concurrency, on_result=on_result,
+                         judge=final, checkpoint_judge=checkpoint)
+        tp = sum(r.fired and e for r, e in zip(results, expected, strict=True))
+        fp = sum(r.fired and not e for r, e in zip(results, expected, strict=True))
+        fn = sum(e and not r.fired for r, e in zip(results, expected, strict=True))
+        rows.append(StrictnessRow(strictness, ThresholdRow(settings.threshold, tp, fp, fn,
+                                                           len(cases) - tp - fp - fn)))
+    return rows
 
 
 def sweep(

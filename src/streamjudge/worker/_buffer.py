@@ -31,7 +31,8 @@ from streamjudge import semconv
 from streamjudge.worker._convert import Received
 
 ReleaseReason = Literal[
-    "judged", "complete", "decision_wait", "evicted_spans", "evicted_bytes", "shutdown", "late"
+    "judged", "complete", "decision_wait", "evicted_spans", "evicted_bytes", "shutdown", "late",
+    "forwarded",  # not held at all (the worker's default): sent on as they came
 ]
 
 

@@ -1,13 +1,15 @@
 """``streamjudge worker``: the deferred final pass, behind the collector's ``load_balancing`` exporter.
 
-The collector routes every span of a trace to one worker (routing key ``traceID``). The worker holds a
-trace's spans (:class:`~streamjudge.worker._buffer.TraceBuffer`) until its deferred answer span — the
-app's stream span with ``streamjudge.eval.status`` = ``deferred``, carrying question, contexts and answer —
-has been judged, and exports the trace onward with that span enriched exactly as in-process judging does:
+The collector routes every span of a trace to one worker (routing key ``traceID``). The worker judges a
+trace's deferred answer span — the app's stream span with ``streamjudge.eval.status`` = ``deferred``,
+carrying question, contexts and answer — and exports it onward enriched exactly as in-process judging does:
 the answer span goes through a :class:`~streamjudge.judging.processor.JudgeSpanProcessor` (held by id,
 resolved by the :class:`~streamjudge.judging.service.JudgingService` and its
 :class:`~streamjudge.judging.pool.JudgePool`) whose downstream is a ``BatchSpanProcessor`` with the OTLP
-exporter the ``OTEL_EXPORTER_OTLP_*`` variables configure. Every other span leaves unchanged.
+exporter the ``OTEL_EXPORTER_OTLP_*`` variables configure. Every other span leaves unchanged, at once:
+it is handed to the export path before the request that brought it is acknowledged. With
+``hold_traces`` the trace's other spans wait instead (:class:`~streamjudge.worker._buffer.TraceBuffer`)
+and leave with the judged answer, for a tail sampler downstream that must see whole traces.
 
 Exactly one outcome per answer: judged, or the pool's reason it was not (dropped, timeout, error,
 sampled_out, shutdown...), or ``skipped`` with the reason the worker could not judge it. A span re-sent by a
@@ -22,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from opentelemetry import metrics
 from opentelemetry.context import Context
@@ -33,8 +35,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-from streamjudge import semconv
+from streamjudge import _sdk, semconv
 from streamjudge.config import Settings
+from streamjudge.exporters._counting import CountingSpanExporter
 from streamjudge.judging.base import EvalKind, Judge
 from streamjudge.judging.judges import create_judge
 from streamjudge.judging.pool import JudgePool
@@ -44,6 +47,7 @@ from streamjudge.results import EvalInput, JudgeRequest
 from streamjudge.worker._buffer import Release, TraceBuffer
 from streamjudge.worker._convert import Received, spans
 from streamjudge.worker._metrics import PrometheusText
+from streamjudge.worker._receive import Limits
 
 _log = logging.getLogger(__name__)
 
@@ -64,10 +68,31 @@ class WorkerOptions:
     decision_wait_s: float = 30.0  # longest a trace waits for its deferred answer span
     shutdown_timeout_s: float = 10.0  # SIGTERM: everything flushed or marked within this
     remember_spans: int = 200_000  # span ids remembered to recognise a retried export
+    max_connections: int = 32  # per receiver: connections (HTTP) / concurrent calls (gRPC) served at once
+    max_request_bytes: int = 32 * 1024 * 1024  # one export request, compressed and once inflated
+    read_timeout_s: float = 10.0  # HTTP: each read of a connection (headers, body, keep-alive idle)
+    request_timeout_s: float = 30.0  # HTTP: a whole request (line, headers, body) to arrive
+    # exports must carry ``Authorization: Bearer <token>``; None = open. Kept out of the repr (logs).
+    bearer_token: str | None = field(default=None, repr=False)
+    tls_cert_file: str | None = None  # PEM certificate and key: the receivers speak TLS
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None  # clients must present a certificate this CA signed (mTLS)
+    #: hold a trace's other spans until its answer is judged (a tail sampler downstream sees whole
+    #: traces), instead of forwarding them before the export is acknowledged. Held spans are lost if the
+    #: worker is killed (SIGKILL, out of memory) before they leave.
+    hold_traces: bool = False
 
     def __post_init__(self) -> None:
         if self.shutdown_timeout_s <= 0:
             raise ValueError("shutdown_timeout_s must be > 0")
+        self.limits()  # checks the receivers' bounds
+
+    def limits(self) -> Limits:
+        """The receivers' limits."""
+        return Limits(max_connections=self.max_connections, max_request_bytes=self.max_request_bytes,
+                      read_timeout_s=self.read_timeout_s, request_timeout_s=self.request_timeout_s,
+                      bearer_token=self.bearer_token or None, tls_cert_file=self.tls_cert_file,
+                      tls_key_file=self.tls_key_file, tls_client_ca_file=self.tls_client_ca_file)
 
 
 def is_deferred_answer(span: ReadableSpan) -> bool:
@@ -112,11 +137,16 @@ def otlp_metric_readers() -> list[MetricReader]:
 def batch_processor(exporter: SpanExporter, meter_provider: MeterProvider) -> BatchSpanProcessor:
     """The export path: the SDK's batch processor, its ``OTEL_BSP_*`` variables honoured. Unset, a worker
     sends within 200 ms (a judged answer should not wait the SDK's 5 s) and queues up to 64k spans (it
-    forwards whole traces of many apps; the SDK's 2,048 would drop spans in a burst)."""
+    forwards whole traces of many apps; the SDK's 2,048 would drop spans in a burst). Every span it cannot
+    deliver, its own queue's drops included, is counted in ``streamjudge.export.failures``."""
     delay = None if os.environ.get("OTEL_BSP_SCHEDULE_DELAY") else 200
     queue = None if os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") else 65_536
-    return BatchSpanProcessor(exporter, schedule_delay_millis=delay, max_queue_size=queue,
-                              meter_provider=meter_provider)
+    counted = exporter if isinstance(exporter, CountingSpanExporter) else CountingSpanExporter(
+        exporter, meter_provider=meter_provider)
+    bsp = BatchSpanProcessor(counted, schedule_delay_millis=delay, max_queue_size=queue,
+                             meter_provider=meter_provider)
+    _sdk.report_batch_losses(bsp, counted.count_lost)  # what its full queue drops is lost too
+    return bsp
 
 
 def pool_from_settings(settings: Settings, meter_provider: metrics.MeterProvider) -> JudgePool:
@@ -210,6 +240,12 @@ class Worker:
         self._m_answers = meter.create_counter(
             semconv.METRIC_WORKER_ANSWERS, description="Deferred answer spans exported, by outcome"
         )
+        self._m_rejected = meter.create_counter(
+            semconv.METRIC_WORKER_REQUESTS_REJECTED,
+            description="OTLP requests refused or cut short (too_large, bad_request, unauthorized, busy, "
+                        "aborted, timeout, tls)",
+        )
+        self._rejected: dict[str, int] = {}
         for name, get in (
             (semconv.METRIC_WORKER_BUFFER_TRACES, lambda: self.buffer.traces),
             (semconv.METRIC_WORKER_BUFFER_SPANS, lambda: self.buffer.spans),
@@ -229,6 +265,17 @@ class Worker:
 
     # --- receiving -----------------------------------------------------------------------------------
 
+    def count_rejected(self, reason: str) -> None:
+        """A receiver refused a request or lost its client (``reason``)."""
+        with self._lock:
+            self._rejected[reason] = self._rejected.get(reason, 0) + 1
+        self._m_rejected.add(1, {semconv.METRIC_ATTR_REASON: reason})
+
+    def rejected_counts(self) -> dict[str, int]:
+        """Requests the receivers refused or lost, by reason, so far."""
+        with self._lock:
+            return dict(self._rejected)
+
     def ingest(self, request: ExportTraceServiceRequest) -> int:
         """Take the spans of one OTLP export request. Returns how many were new."""
         with self._idle:
@@ -245,6 +292,8 @@ class Worker:
         new = 0
         out: list[Release] = []
         answers: list[Received] = []
+        forward: list[ReadableSpan] = []
+        hold = self.options.hold_traces
         for received in spans(request):
             if not self._first_time(received):
                 self._m_duplicate.add(1)
@@ -252,14 +301,22 @@ class Worker:
             new += 1
             if is_deferred_answer(received.span):
                 answers.append(received)
-            else:
+            elif hold:
                 out.extend(self.buffer.add(received, now))
+            else:
+                forward.append(received.span)
+        if forward:
+            out.append(Release("forwarded", tuple(forward)))
         # answers last: spans of their trace that came in the same request are held before it is judged
         for received in answers:
             self._take_answer(received, now)
         if new:
             self._m_received.add(new)
         self._export(out)
+        if forward:
+            # handed on before the sender is told they arrived: a worker killed after acknowledging has
+            # no copy of them left to lose
+            self._outbound.export.force_flush()
         return new
 
     def _first_time(self, received: Received) -> bool:
@@ -275,7 +332,7 @@ class Worker:
     def _take_answer(self, received: Received, now: float) -> None:
         span = received.span
         tid, sid = received.trace_id, received.span_id
-        if self.buffer.begin_answer(tid, sid, now):
+        if self.options.hold_traces and self.buffer.begin_answer(tid, sid, now):
             with self._lock:
                 self._judging[sid] = tid
         request, skip = self._request(span, tid, sid)
@@ -364,11 +421,11 @@ class Worker:
 
         o = self.options
         if o.http_endpoint:
-            http = _receive.HttpReceiver(self, o.http_endpoint).start()
+            http = _receive.HttpReceiver(self, o.http_endpoint, o.limits()).start()
             self._receivers.append(http)
             self.http_port = http.port
         if o.grpc_endpoint:
-            grpc_receiver = _receive.grpc_receiver(self, o.grpc_endpoint)
+            grpc_receiver = _receive.grpc_receiver(self, o.grpc_endpoint, o.limits())
             if grpc_receiver is not None:
                 self._receivers.append(grpc_receiver.start())
                 self.grpc_port = grpc_receiver.port

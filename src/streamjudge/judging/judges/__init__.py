@@ -20,6 +20,7 @@ _BUILTIN: dict[str, str] = {
     "ragas": "streamjudge.judging.judges.ragas:RagasJudge",
     "deepeval": "streamjudge.judging.judges.deepeval:DeepEvalJudge",
     "model": "streamjudge.judging.judges.model:ModelJudge",
+    "cascade": "streamjudge.judging.judges.cascade:CascadeJudge",
 }
 
 

@@ -10,6 +10,8 @@ every failure to :class:`~streamjudge.judging.base.TransientJudgeError` or
   :class:`UsageMeter` of the current context (:func:`metering`). The hook sits under the SDK, so calls that
   ragas or deepeval make through the same client are counted as well, and concurrent evaluations never
   mix their counts (each runs in its own context).
+- A reply is read with a byte cap (:data:`MAX_REPLY_BYTES`, on the bytes after decompression too): a
+  larger one fails that call (:class:`ReplyTooLarge`, a judge error) before it costs memory or parsing.
 - The SDKs are imported when a client is built, not when this module is imported.
 """
 
@@ -22,6 +24,7 @@ import importlib
 import json
 import re
 import time
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,6 +37,9 @@ from streamjudge.judging.base import JudgeError, TransientJudgeError, Usage
 
 #: Longest excerpt of a model answer quoted in an error message.
 RAW_EXCERPT_CHARS = 200
+#: Largest reply body read from a judge LLM (decompressed). A verdict for ``max_tokens`` output tokens is
+#: a few KB; a larger body is a broken or hostile endpoint.
+MAX_REPLY_BYTES = 1024 * 1024
 
 _OPENAI_PROVIDERS = ("openai", "openai_compatible", "vllm", "ollama", "llamacpp", "lmstudio")
 _ANTHROPIC_PROVIDERS = ("anthropic",)
@@ -99,8 +105,76 @@ def _usage_from_body(body: Mapping[str, Any]) -> tuple[int, int, float | None]:
     return int(inp or 0), int(out or 0), cost
 
 
+class ReplyTooLarge(JudgeError):
+    """A judge LLM's reply was over :data:`MAX_REPLY_BYTES` (that call fails; nothing more is read)."""
+
+
+def _too_large(limit: int) -> ReplyTooLarge:
+    return ReplyTooLarge(f"judge LLM: reply too large (over {limit} bytes)")
+
+
+class _CappedStream:
+    """A response body stream that fails once more than ``limit`` bytes came (after decompression for
+    gzip/deflate, measured by inflating alongside in bounded steps)."""
+
+    def __init__(self, inner: Any, limit: int, encoding: str) -> None:
+        self.inner = inner
+        self.limit = limit
+        self.raw = 0
+        self.inflated = 0
+        self.inflate = zlib.decompressobj(47 if encoding == "gzip" else 15) if encoding else None
+
+    async def __aiter__(self) -> Any:
+        async for chunk in self.inner:
+            self.raw += len(chunk)
+            if self.raw > self.limit:
+                raise _too_large(self.limit)
+            if self.inflate is not None:
+                self._count_inflated(chunk)
+            yield chunk
+
+    def _count_inflated(self, chunk: bytes) -> None:
+        assert self.inflate is not None
+        data = chunk
+        while data:
+            out = self.inflate.decompress(data, self.limit + 1 - self.inflated)
+            self.inflated += len(out)
+            if self.inflated > self.limit:
+                raise _too_large(self.limit)
+            data = self.inflate.unconsumed_tail
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _cap_reply(response: Any, limit: int) -> None:
+    """Refuse a reply declared larger than ``limit``; cap the bytes of any other as they are read."""
+    declared = response.headers.get("content-length", "")
+    if declared.strip().isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("identity",):
+        encoding = ""
+    if encoding not in ("", "gzip", "deflate"):
+        raise ReplyTooLarge(f"judge LLM: reply in an encoding not asked for ({encoding!r})")
+    response.stream = _capped_class(type(response))(response.stream, limit, encoding)
+
+
+_CAPPED: dict[type, type] = {}
+
+
+def _capped_class(response_type: type) -> type:
+    # the response checks that its stream is its own library's AsyncByteStream (httpx or httpx2)
+    cls = _CAPPED.get(response_type)
+    if cls is None:
+        base = importlib.import_module(response_type.__module__.split(".")[0]).AsyncByteStream
+        cls = _CAPPED[response_type] = type("CappedStream", (_CappedStream, base), {})
+    return cls
+
+
 def _usage_hook(pricing: Pricing) -> Any:
     async def on_response(response: httpx.Response) -> None:
+        _cap_reply(response, MAX_REPLY_BYTES)  # before anyone reads the body
         meter = _METER.get()
         if meter is None:
             return
@@ -112,6 +186,8 @@ def _usage_hook(pricing: Pricing) -> Any:
         try:
             await response.aread()
             body = json.loads(response.content)
+        except ReplyTooLarge:
+            raise
         except Exception:  # the SDK reports a broken body; accounting only skips its tokens
             return
         if not isinstance(body, Mapping):
@@ -166,9 +242,10 @@ def map_error(exc: BaseException, *, where: str = "judge LLM") -> JudgeError:
     """
     if isinstance(exc, JudgeError):
         return exc
-    for e in _chain(exc):
+    for e in _chain(exc):  # one of ours under the SDK's wrapping (a reply over the cap)
         if isinstance(e, JudgeError):
             return e
+    for e in _chain(exc):
         status = getattr(e, "status_code", None)
         response = getattr(e, "response", None)
         if isinstance(status, int):
@@ -306,6 +383,8 @@ def _http_client(sdk_package: str, settings: JudgeLLMSettings, pricing: Pricing)
     return mod.AsyncClient(
         timeout=mod.Timeout(settings.timeout_s, connect=min(10.0, settings.timeout_s)),
         limits=mod.Limits(max_connections=64, max_keepalive_connections=16),
+        # the reply cap measures what it inflates: no encoding it cannot (br, zstd)
+        headers={"Accept-Encoding": "gzip, deflate"},
         event_hooks={"response": [_usage_hook(pricing)]},
     )
 

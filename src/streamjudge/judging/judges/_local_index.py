@@ -14,7 +14,7 @@ import bisect
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from streamjudge._fork import after_fork_in_child
@@ -22,6 +22,7 @@ from streamjudge.judging.judges._local_text import (
     MONTHS,
     NUMBER_WORDS,
     PRONOUN_RE,
+    TITLES,
     UNITS,
     Facts,
     Number,
@@ -30,10 +31,10 @@ from streamjudge.judging.judges._local_text import (
     claims_with_facts,
     normalize,
     scopes,
-    sentences,
     term,
     word_keys,
 )
+from streamjudge.sentences import split_units
 
 # A claim is supported when all its hard facts (numbers, names, dates) occur in the contexts, each number
 # and date in a context sentence that shares a word with the claim, its polarity agrees with the context
@@ -48,6 +49,11 @@ _MAX_LOOKUP_TERMS = 8
 # context sentences a number or month is looked up in when checking what it is said of
 _MAX_ATTACH = 64
 _SMALL_COUNT = 12
+# context sentences a number may be stated in for a role swap to be read from them
+_MAX_SWAP_SENTENCES = 8
+# how far a hedged number ("about 300") may be from the contexts' (a share of it; "over"/"under": 3 times
+# as far, on their side)
+_HEDGE_BAND = 0.1
 _GLUED_RE = re.compile(r"(?<=[a-z0-9)\]\"'])\.(?=[A-Z][a-z])")
 
 
@@ -62,6 +68,13 @@ class ClaimVerdict:
     coverage: float = 1.0
     detached: tuple[str, ...] = ()  # names/numbers the contexts state, but of something else
     units: tuple[str, ...] = ()  # numbers the contexts state with another unit ("5 mg" for "5 g")
+    # the evidence by kind: hard (numbers, month/day names, names, role swaps, a negation flip) and weak
+    missing_numbers: tuple[str, ...] = ()
+    missing_dates: tuple[str, ...] = ()
+    missing_names: tuple[str, ...] = ()
+    missing_words: tuple[str, ...] = ()  # content words (and small counts in words) the contexts lack
+    role_swaps: tuple[str, ...] = ()  # "2012 is said of Leeds"
+    negation_tie: bool = False  # a negated and a plain context clause match the claim equally well
 
 
 # a question asserts nothing: like filler, it counts neither way
@@ -77,6 +90,18 @@ class _Clause:
 
 
 @dataclass(frozen=True, slots=True)
+class _Segment:
+    """A piece of a context sentence between commas, ";" and coordinating words: what one number or name
+    in it is said of ("opened the Leeds office in 2012 | and the York office in 2016")."""
+
+    sentence: int  # the sentence's position in its context
+    keys: frozenset[str]  # fact keys without numbers
+    values: tuple[tuple[float, str | None], ...]  # numbers with their units
+    names: tuple[tuple[frozenset[str], str], ...]  # (keys, surface) of its names
+    terms: tuple[tuple[str, str], ...]  # (key, surface) of its content words
+
+
+@dataclass(frozen=True, slots=True)
 class ContextPart:
     """The analysis of one context, the same in every contexts tuple it appears in."""
 
@@ -85,6 +110,17 @@ class ContextPart:
     # per sentence, its clauses and the words of the sentence before when it opens with a pronoun
     sentences: tuple[tuple[tuple[_Clause, ...], frozenset[str]], ...]
     all_keys: frozenset[str]  # words, keys and fact keys: what context precision matches against
+    texts: tuple[str, ...] = ()  # each sentence's text: its segments are analysed when a claim asks
+    # capitalised words and the initials of capitalised runs: what an answer's name or acronym may be
+    # another form of ("NASA", "French" for "France")
+    capitalised: frozenset[str] = frozenset()
+    headings: frozenset[str] = frozenset()  # lowercase lines that stand alone without final punctuation
+    # numbers the text states in a form the tokenizer does not read as one: the end of a year range
+    # written short or long ("2007-11" states 2011, "2007-2011" states 11), a number word inside a
+    # hyphenated word ("three-year")
+    extra_values: frozenset[float] = frozenset()
+    tallies: bool = False  # states a tally such as a score ("4-1")
+    years: frozenset[float] = frozenset()  # numbers written as years ("1998", not "1,998")
 
     @classmethod
     def of(cls, context: str) -> ContextPart:
@@ -93,9 +129,14 @@ class ContextPart:
         text = _GLUED_RE.sub(". ", normalize(context))
         raw, keys = word_keys(text)
         per_sentence: list[tuple[tuple[_Clause, ...], frozenset[str]]] = []
+        texts: list[str] = []
         facts_keys: set[str] = set()
         before: frozenset[str] = frozenset()  # the first name of the sentence before
-        for span in sentences(text):
+        headings: set[str] = set()
+        for unit in split_units(text):
+            span = Span(unit.text, unit.text[-1] in _TERMINAL, True)
+            if not span.terminated and len(unit.text.split()) <= _HEADING_WORDS:
+                headings.add(unit.text.lower())
             clauses = []
             subject: frozenset[str] = frozenset()
             for piece, start in scopes(span.text, span.sentence_start):
@@ -112,9 +153,76 @@ class ContextPart:
             # description by a word of the name before)
             refers = PRONOUN_RE.match(span.text) is not None or _refers_back(span.text, before)
             carried = before if refers else frozenset()
+            # role swaps are read from segments that state numbers: only such sentences keep their text
+            texts.append(span.text if any(c.values for c in clauses) else "")
             per_sentence.append((tuple(clauses), carried))
             before = subject or carried
-        return cls(frozenset(raw), frozenset(keys), tuple(per_sentence), frozenset(keys | raw | facts_keys))
+        return cls(frozenset(raw), frozenset(keys), tuple(per_sentence), frozenset(keys | raw | facts_keys),
+                   tuple(texts), _capitalised(text), frozenset(headings), _extra_values(text, raw),
+                   _TALLY_RE.search(text) is not None,
+                   frozenset(float(m.group()) for m in _YEAR_RE.finditer(text)))
+
+
+_TERMINAL = frozenset(".!?\u3002\uff01\uff1f\u2026")
+_HEADING_WORDS = 10
+# a comma between a day and a year ("June 28, 2013") does not end a segment
+_SEGMENT_RE = re.compile(r"\s*[;:]\s*|(?<!\d)\s*,\s*|\s+(?:and|but|while|whereas|or)\s+", re.IGNORECASE)
+
+
+def _segments(text: str, sentence: int) -> tuple[_Segment, ...]:
+    """The segments of one context sentence that state a number: what a role swap is read from."""
+    out: list[_Segment] = []
+    start = 0
+    bounds = [m.span() for m in _SEGMENT_RE.finditer(text)]
+    for a, b in [*bounds, (len(text), len(text))]:
+        piece = text[start:a]
+        if piece.strip():
+            facts = analyze(piece, sentence_start=start == 0)
+            if not facts.numbers:
+                start = b
+                continue
+            keys = frozenset(k for k in fact_keys(facts) if not k.startswith("#"))
+            names = tuple((frozenset((*toks, *map(term, toks))), surface) for surface, toks in facts.entities)
+            out.append(_Segment(sentence, keys, tuple((n.value, n.unit) for n in facts.numbers), names,
+                                facts.terms))
+        start = b
+    return tuple(out)
+
+
+_YEAR_RE = re.compile(r"(?<![\d,.])(?:1\d{3}|20\d\d)(?![\d,.]\d|\d)")
+_TALLY_RE = re.compile(r"(?<![\d.,])\d{1,2} ?[-\u2013\u2014] ?\d{1,2}(?![\d.,]\d)")
+_YEAR_RANGE_RE = re.compile(r"\b(1[0-9]|20)(\d\d)\s*(?:-{1,2}|\u2013|\u2014|to)\s*((?:1[0-9]|20)?)(\d\d)\b")
+
+
+def _extra_values(text: str, raw: set[str]) -> frozenset[float]:
+    out: set[float] = set()
+    for m in _YEAR_RANGE_RE.finditer(text):
+        century, end = m.group(1), m.group(4)
+        out.add(float(end))
+        out.add(float((m.group(3) or century) + end))
+    for w in raw:
+        if "-" in w:
+            out.update(float(NUMBER_WORDS[p]) for p in w.split("-") if p in NUMBER_WORDS)
+    return frozenset(out)
+
+
+_CAPITAL_RUN_RE = re.compile(r"(?:\b[A-Z][\w'-]*(?:\s+(?:of|the|and|for|de|du|von|van)\b)*\s*)+")
+
+
+def _capitalised(text: str) -> frozenset[str]:
+    """Lowercase capitalised words of ``text`` and the initials of its capitalised runs ("nasa" for
+    "National Aeronautics and Space Administration", with or without the small words)."""
+    out: set[str] = set()
+    for m in _CAPITAL_RUN_RE.finditer(text):
+        words = m.group().split()
+        caps = [w for w in words if w[:1].isupper()]
+        out.update(w.lower().removesuffix("'s") for w in caps)
+        # with and without the small words, and without a first word that may only start the sentence
+        for k in (0, 1):
+            if len(caps) - k >= 2:
+                out.add("".join(w[0] for w in caps[k:]).lower())
+                out.add("".join(w[0] for w in words[k:] if w[:1].isalpha()).lower())
+    return frozenset(out)
 
 
 _DEFINITE_RE = re.compile(r"the\s+([^\W\d_]+)\b", re.IGNORECASE)
@@ -182,6 +290,12 @@ class ContextIndex:
         carried: dict[str, list[int]] = {}  # sentences a word is carried into by a leading pronoun
         seen: dict[str, ContextPart] = {}
         added: set[str] = set()
+        capitalised: set[str] = set()
+        tallies = False
+        years: set[float] = set()
+        extra_values: set[float] = set()
+        headings: set[str] = set()
+        self._texts: list[str] = []
         for ctx in contexts:
             part = seen.get(ctx)
             if part is None:
@@ -192,6 +306,12 @@ class ContextIndex:
             if ctx in added:
                 continue  # a repeated context adds no sentence a claim could come from
             added.add(ctx)
+            capitalised |= part.capitalised
+            tallies = tallies or part.tallies
+            years |= part.years
+            extra_values |= part.extra_values
+            headings |= part.headings
+            self._texts.extend(part.texts)
             for clauses, antecedent in part.sentences:
                 sent = len(self.sentence_keys)
                 s_keys: set[str] = set(antecedent)
@@ -214,11 +334,15 @@ class ContextIndex:
                         if len(vlist) <= _MAX_ATTACH and (not vlist or vlist[-1] != sent):
                             vlist.append(sent)
                 self.sentence_keys.append(frozenset(s_keys))
-        values = set(value_sentences)
+        values = set(value_sentences) | extra_values
         for w in raw:
             if w in NUMBER_WORDS:
                 values.add(NUMBER_WORDS[w])
         self.raw_words = frozenset(raw)
+        # whether the contexts state a tally themselves ("4-1"): then a claim's other tally contradicts
+        # them; without one, a tally is the claim's own count of what the contexts narrate
+        self.tallies = tallies
+        self.years = frozenset(years)
         self.any_negated = any(self.clause_negated)
         self.months = frozenset(w[:3] for w in raw if w in MONTHS)
         self.keys = frozenset(keys)
@@ -227,6 +351,10 @@ class ContextIndex:
         self._carried = carried
         self._value_units = value_units
         self._postings = postings
+        self._roles = _Roles(self._texts, value_sentences, postings, self.clause_sentence, self.sentence_keys)
+        self.capitalised = frozenset(capitalised)
+        self._forms = _NameForms(self.raw_words, self.keys, self.capitalised)
+        self.headings = frozenset(headings)
         self._verdicts: OrderedDict[
             tuple[str, bool, frozenset[str]], tuple[tuple[str, ClaimVerdict], ...]
         ] = OrderedDict()
@@ -242,10 +370,25 @@ class ContextIndex:
 
     def _matching_values(self, n: Number) -> list[float]:
         tol = max(n.tolerance, abs(n.value) * 1e-9)
-        i = bisect.bisect_left(self.numbers, n.value - tol)
+        lo, hi = n.value - tol, n.value + tol
+        if n.hedge is not None and not (n.unit is None and len(n.surface) == 4 and n.surface.isdigit()
+                                        and _is_year(n.value)):
+            # "about 300" is said of 312, "more than 1,000" of 1,247, "up to 30" of 28: a hedged number
+            # matches the contexts' within a band, never a year ("around 1990" is no range of years)
+            span = abs(n.value) * _HEDGE_BAND
+            if n.hedge == "about":
+                lo, hi = min(lo, n.value - span), max(hi, n.value + span)
+            elif n.hedge == "over":
+                hi = max(hi, n.value + 3 * span)
+            else:
+                lo = min(lo, n.value - 3 * span)
+        i = bisect.bisect_left(self.numbers, lo)
         out = []
-        while i < len(self.numbers) and self.numbers[i] <= n.value + tol:
-            out.append(self.numbers[i])
+        while i < len(self.numbers) and self.numbers[i] <= hi:
+            v = self.numbers[i]
+            # a hedge's band never reaches a year of the contexts ("about 2,000" is not 2019)
+            if abs(v - n.value) <= tol or v not in self.years:
+                out.append(v)
             i += 1
         return out
 
@@ -287,19 +430,83 @@ class ContextIndex:
         for: they tie the claim's names and numbers to context sentences, they are not checked."""
         if facts.meta_only:
             return ClaimVerdict(supported=True, filler=True)
-        missing: list[str] = []
+        names: list[str] = []
+        numbers: list[str] = []
+        dates: list[str] = []
+        words: list[str] = []
         detached: list[str] = []
-        hard_miss = False
-        soft_missing = 0
         units: list[str] = []
+        swaps: list[str] = []
+        soft_missing = 0
         claim_keys = fact_keys(facts)
         tie_keys = claim_keys | antecedent
+        self._check_names(facts, tie_keys, names, detached, words)
+        for n in facts.numbers:
+            values = self._matching_values(n)
+            if not values:
+                # "two films", "three times": a small count in words is often the summary's own count
+                # of what the context lists; it weighs as a content word, not as a hard fact
+                if (n.tally and not self.tallies) or (
+                        n.value <= _SMALL_COUNT and n.surface.lower() in NUMBER_WORDS
+                        and (n.unit is None or not self._roles.count_contradicted(n, claim_keys))):
+                    words.append(n.surface)
+                    soft_missing += 1
+                else:
+                    numbers.append(n.surface)
+            elif n.unit is not None and (other := self._other_unit(values, n.unit)):
+                units.append(f"{n.surface} {n.unit} (context: {other})")
+            elif not _small_count(n) and (swap := self._roles.role_swap(n, facts, values)) is not None:
+                swaps.append(swap)
+            elif not self._attached_number(values, tie_keys - {f"#{n.value:g}"}):
+                detached.append(n.surface)
+        for short, surface in facts.dates:
+            if short not in self.months:
+                dates.append(surface)
+        found = 0
+        for key, surface in facts.terms:
+            if key in self.keys or surface.lower() in self.raw_words:
+                found += 1
+            else:
+                words.append(surface)
+        counted = len(facts.terms) + soft_missing
+        coverage = found / counted if counted else 1.0
+        flip, tie = self._negation(facts, claim_keys)
+        supported = (
+            not (names or numbers or dates or detached or units or swaps or flip or tie)
+            and coverage >= CONTENT_COVERAGE
+        )
+        return ClaimVerdict(
+            supported=supported,
+            filler=False,
+            missing=tuple(dict.fromkeys([*names, *numbers, *dates, *words])),
+            negation_mismatch=flip or tie,
+            coverage=coverage,
+            detached=tuple(dict.fromkeys(detached)),
+            units=tuple(dict.fromkeys(units)),
+            missing_numbers=tuple(dict.fromkeys(numbers)),
+            missing_dates=tuple(dict.fromkeys(dates)),
+            missing_names=tuple(dict.fromkeys(names)),
+            missing_words=tuple(dict.fromkeys(words)),
+            role_swaps=tuple(dict.fromkeys(swaps)),
+            negation_tie=tie and not flip,
+        )
+
+    def _check_names(self, facts: Facts, tie_keys: frozenset[str], names: list[str], detached: list[str],
+                     words: list[str]) -> None:
+        """Sort the claim's names into ``names`` (absent from the contexts), ``detached`` (said there of
+        something else) and ``words`` (a title alone, or a title the contexts do not write)."""
         groups = facts.groups
         for k, (surface, tokens) in enumerate(facts.entities):
-            if not all(self.has_word(t, term(t)) for t in tokens):
-                missing.append(surface)
-                hard_miss = True
+            pairs = list(zip(tokens, surface.split(), strict=False))
+            core = [(t, w) for t, w in pairs if t.rstrip(".") not in TITLES] or pairs
+            if not all(self._forms.knows(t, w) for t, w in core) and not self._forms.acronym_of(facts, k):
+                if core is pairs and all(t.rstrip(".") in TITLES for t in tokens):
+                    words.append(surface)  # "the President": a title alone is a word, not a name
+                else:
+                    names.append(surface)
                 continue
+            # a title the contexts do not write beside a known name ("President Obama"): a weak signal
+            words.extend(w for t, w in pairs if (t, w) not in core and not self.has_word(t, term(t)))
             others = tie_keys
             if len(facts.entities) > 1 and len(groups) == len(facts.entities):
                 beside = [e for j, (_, e) in enumerate(facts.entities) if j != k and groups[j] == groups[k]]
@@ -307,46 +514,6 @@ class ContextIndex:
                     others = others - {t for e in beside for t in (*e, *map(term, e))}
             if not self._attached_name(tokens, others):
                 detached.append(surface)
-        for n in facts.numbers:
-            values = self._matching_values(n)
-            if not values:
-                missing.append(n.surface)
-                # "two films", "three times": a small count in words is often the summary's own count
-                # of what the context lists; it weighs as a content word, not as a hard fact
-                if not (n.value <= _SMALL_COUNT and n.surface.lower() in NUMBER_WORDS):
-                    hard_miss = True
-                else:
-                    soft_missing += 1
-            elif n.unit is not None and (other := self._other_unit(values, n.unit)):
-                units.append(f"{n.surface} {n.unit} (context: {other})")
-            elif not self._attached_number(values, tie_keys - {f"#{n.value:g}"}):
-                detached.append(n.surface)
-        for short, surface in facts.dates:
-            if short not in self.months:
-                missing.append(surface)
-                hard_miss = True
-        found = 0
-        for key, surface in facts.terms:
-            if key in self.keys or surface.lower() in self.raw_words:
-                found += 1
-            else:
-                missing.append(surface)
-        counted = len(facts.terms) + soft_missing
-        coverage = found / counted if counted else 1.0
-        negation_mismatch = self._negation_mismatch(facts, claim_keys)
-        supported = (
-            not hard_miss and not detached and not units and not negation_mismatch
-            and coverage >= CONTENT_COVERAGE
-        )
-        return ClaimVerdict(
-            supported=supported,
-            filler=False,
-            missing=tuple(dict.fromkeys(missing)),
-            negation_mismatch=negation_mismatch,
-            coverage=coverage,
-            detached=tuple(dict.fromkeys(detached)),
-            units=tuple(dict.fromkeys(units)),
-        )
 
     def _attached_name(self, tokens: tuple[str, ...], claim_keys: frozenset[str] | set[str]) -> bool:
         """Whether a context sentence that names ``tokens`` also holds another word of the claim:
@@ -405,7 +572,7 @@ class ContextIndex:
                 return False
         return with_number >= 1 or best == 0
 
-    def _negation_mismatch(self, facts: Facts, claim_keys: frozenset[str]) -> bool:
+    def _negation(self, facts: Facts, claim_keys: frozenset[str]) -> tuple[bool, bool]:
         """True when the context clauses that best match the claim have the opposite polarity.
 
         Only claims that clearly come from one context clause (half their facts, at least two) are
@@ -414,10 +581,10 @@ class ContextIndex:
         taken as contradicted: the judge cannot tell which one it restates, and a miss costs more.
         """
         if not facts.negated and not self.any_negated:
-            return False
+            return False, False
         # a bare name or number ("Ford Fusion.") states no predicate a negation could deny
         if len(claim_keys) < 2 or not facts.terms:
-            return False
+            return False, False
         # the rarest terms point at the clauses a claim most likely comes from; the overlap is counted
         # on them only, which keeps the cost per claim bounded on huge or repetitive contexts
         ranked = sorted(
@@ -425,9 +592,12 @@ class ContextIndex:
             key=lambda k: (len(self._postings[k]), k),
         )[:_MAX_LOOKUP_TERMS]
         counts: dict[int, int] = {}
+        # a name pins the clause a claim restates better than a common word does: it counts twice
+        names = {t for _, toks in facts.entities for t in (*toks, *map(term, toks))}
         for k in ranked:
+            weight = 2 if k in names else 1
             for cid in self._postings[k]:
-                counts[cid] = counts.get(cid, 0) + 1
+                counts[cid] = counts.get(cid, 0) + weight
         best_same = best_opp = 0
         negated = self.clause_negated
         for cid, overlap in counts.items():
@@ -437,7 +607,211 @@ class ContextIndex:
             elif overlap > best_opp:
                 best_opp = overlap
         needed = max(2, (min(len(claim_keys), _MAX_LOOKUP_TERMS) + 1) // 2)
-        return best_opp >= needed and best_opp >= best_same
+        if best_opp < needed or best_opp < best_same:
+            return False, False
+        return best_opp > best_same, best_opp == best_same
+
+
+class _NameForms:
+    """The forms a name of an answer may take in the contexts: as written, hyphenated or not, an acronym,
+    a demonym of a place."""
+
+    def __init__(self, raw_words: frozenset[str], keys: frozenset[str], capitalised: frozenset[str]) -> None:
+        self.raw_words = raw_words
+        self.keys = keys
+        self.capitalised = capitalised
+        # the parts of hyphenated words: "Coca Cola" is a form of "Coca-Cola"
+        self._hyphen_parts = frozenset(p for w in raw_words if "-" in w for p in w.split("-") if p)
+        # capitalised words by their first four letters: the only ones a demonym can share a stem with
+        self._by_prefix: dict[str, list[str]] | None = None
+
+    def _has_word(self, lower: str, key: str) -> bool:
+        return lower in self.raw_words or key in self.keys
+
+    def acronym_of(self, facts: Facts, k: int) -> bool:
+        """Whether the name ``facts.entities[k]``, alone or with a neighbouring name (names split at
+        "and": "National Aeronautics and Space Administration"), is spelled out from an acronym of at
+        least three letters the contexts write ("NASA")."""
+        ents = facts.entities
+        for lo, hi in ((k, k + 1), (k - 1, k + 1), (k, k + 2), (k - 1, k + 2)):
+            if lo < 0 or hi > len(ents) or (hi - lo == 1 and len(ents[k][1]) < 3):
+                continue
+            initials = "".join(t[0] for _, toks in ents[lo:hi] for t in toks if t[:1].isalpha())
+            if len(initials) >= 3 and initials in self.raw_words:
+                return True
+        return False
+
+    def knows(self, token: str, written: str) -> bool:
+        """Whether one word of a name occurs in the contexts, in any of the forms a name takes: as
+        written, its key, the parts of a hyphenated name ("Coca-Cola" for "Coca Cola") or the word
+        they join into, an acronym of a capitalised run ("NASA"), or a demonym of a place ("French")."""
+        if self._has_word(token, term(token)):
+            return True
+        if "-" in token:
+            parts = token.split("-")
+            if all(self._has_word(p, term(p)) for p in parts if p) or "".join(parts) in self.raw_words:
+                return True
+            rest = written[token.index("-") + 1 :]
+            if not rest[:1].isupper() and self.knows(parts[0], parts[0]):
+                return True  # "Canada-based", "Paris-born": the name is the capitalised part
+        if token in self.capitalised or token in self._hyphen_parts:
+            return True
+        if self._by_prefix is None:  # built on the first name a claim does not find as written
+            by_prefix: dict[str, list[str]] = {}
+            for w in self.capitalised:
+                if len(w) >= 4:
+                    by_prefix.setdefault(w[:4], []).append(w)
+            self._by_prefix = by_prefix
+        return _demonym_base(token, self.capitalised, self._by_prefix.get(token[:4], ()))
+
+
+class _Roles:
+    """What the contexts say each number of: role swaps ("2012 is said of Leeds") and small counts a
+    context sentence contradicts. Segments of a context sentence are analysed the first time a claim
+    asks about it (a sentence keeps its text only when it states a number)."""
+
+    def __init__(self, texts: list[str], value_sentences: dict[float, list[int]],
+                 postings: dict[str, list[int]], clause_sentence: list[int],
+                 sentence_keys: list[frozenset[str]]) -> None:
+        self._texts = texts
+        self._value_sentences = value_sentences
+        self._postings = postings
+        self.clause_sentence = clause_sentence
+        self.sentence_keys = sentence_keys
+        # the segments of the sentences a check has read, by sentence
+        self._segments: dict[int, tuple[_Segment, ...]] = {}
+
+    def role_swap(self, n: Number, facts: Facts, values: list[float]) -> str | None:
+        """When every context segment stating the number ``n`` says it of something the claim does not
+        name (a name, else a word), while a name the claim gives, absent from that segment, has another
+        number of the same kind: "opened the York office in 2012" against "opened the Leeds office in
+        2012 and the York office in 2016". A segment that holds some of the claim's names shows a swap
+        only beside a segment of its own sentence that gives the missing name another number ("won the
+        Nobel Prize in Chemistry in 1903" against "... in Physics in 1903 and ... in Chemistry in 1911").
+        The reason names what the number is said of; ``None`` when no swap shows."""
+        names = [frozenset((*toks, *map(term, toks))) for _, toks in facts.entities]
+        if not names:
+            return None
+        wanted = set(values)
+        sentences = dict.fromkeys(s for v in values for s in self._value_sentences.get(v, ()))
+        if len(sentences) > _MAX_SWAP_SENTENCES:
+            return None  # a number stated that often says little about what one claim takes it from
+        segs = [(sid, seg) for sid in sentences
+                for seg in self._segments_of(sid) if any(v in wanted for v, _ in seg.values)]
+        if not segs:
+            return None
+        claim_keys = fact_keys(facts)
+        label = None
+        for sid, seg in segs:
+            absent = [keys for keys in names if not keys & seg.keys]
+            if not absent:
+                return None  # every name of the claim is said beside the number
+            mine = next((surface for keys, surface in seg.names if not keys & claim_keys), None)
+            if mine is None and len(absent) == len(names):  # the role is a word the claim lacks
+                mine = next((surface for key, surface in seg.terms if key not in claim_keys), None)
+            if mine is None:
+                return None
+            beside = sid if len(absent) < len(names) else None
+            if not self._has_other_number(frozenset().union(*absent), n, facts, beside):
+                return None
+            label = label or mine
+        return f"{n.surface} is said of {label}" if label else None
+
+    def _segments_of(self, sentence: int) -> tuple[_Segment, ...]:
+        segs = self._segments.get(sentence)
+        if segs is None:  # computed twice at worst when two threads ask at once; the same either way
+            text = self._texts[sentence] if sentence < len(self._texts) else ""
+            segs = self._segments[sentence] = _segments(text, sentence) if text else ()
+        return segs
+
+    def _has_other_number(
+        self, names: frozenset[str], n: Number, facts: Facts, sentence: int | None = None
+    ) -> bool:
+        """Whether a context segment (of ``sentence`` when given) gives one of ``names`` a number of
+        ``n``'s kind that the claim does not state."""
+        stated = [(c.value - c.tolerance, c.value + c.tolerance) for c in facts.numbers]
+        for key in names:
+            if sentence is not None:
+                candidates: Iterable[int] = (sentence,)
+            else:
+                candidates = dict.fromkeys(self.clause_sentence[c] for c in self._postings.get(key, ()))
+            for sid in candidates:
+                for seg in self._segments_of(sid):
+                    if key in seg.keys and any(not any(lo <= v <= hi for lo, hi in stated)
+                                               for v in _other_number(seg, n)):
+                        return True
+        return False
+
+    def count_contradicted(self, n: Number, claim_keys: frozenset[str]) -> bool:
+        """Whether a context sentence that shares two words with the claim states another small count
+        ("never more than twice a day" against "four times a day"; asked of counts with a unit only:
+        "two films" is often the claim's own count of what the context lists)."""
+        words = frozenset(k for k in claim_keys if not k.startswith(("#", "@")))
+        for v in range(1, _SMALL_COUNT + 1):
+            if v == n.value:
+                continue
+            for sid in self._value_sentences.get(float(v), ()):
+                if len(words & self.sentence_keys[sid]) >= 2:
+                    return True
+        return False
+
+
+def _other_number(seg: _Segment, n: Number) -> list[float]:
+    """The numbers of ``n``'s kind (its unit; a year or not) other than ``n`` that ``seg`` states."""
+    year = _is_year(n.value) and n.unit is None
+    return [
+        v for v, unit in seg.values
+        if v != n.value and unit == n.unit and (_is_year(v) and unit is None) == year
+    ]
+
+
+def _small_count(n: Number) -> bool:
+    """A small count written in words ("four episodes"): often the claim's own count, a weak fact."""
+    return n.value <= _SMALL_COUNT and n.surface.lower() in NUMBER_WORDS
+
+
+def _is_year(v: float) -> bool:
+    return 1000 <= v <= 2100 and float(v).is_integer()
+
+
+# endings a demonym or adjective of a place adds to its name ("Canadian", "Chinese", "British")
+_DEMONYM_ENDINGS = ("ian", "ean", "an", "ese", "ish", "ic", "i")
+# demonyms that do not share a stem with their place; generic English, not fitted to any data
+_IRREGULAR_DEMONYMS: dict[str, str] = {
+    "french": "france", "dutch": "netherlands", "swiss": "switzerland", "welsh": "wales",
+    "irish": "ireland", "scottish": "scotland", "scots": "scotland", "spanish": "spain",
+    "danish": "denmark", "swedish": "sweden", "finnish": "finland", "polish": "poland",
+    "greek": "greece", "thai": "thailand", "turkish": "turkey", "english": "england",
+    "filipino": "philippines", "norwegian": "norway", "peruvian": "peru", "belgian": "belgium",
+    "portuguese": "portugal", "yemeni": "yemen", "british": "britain", "uk": "britain",
+}
+
+
+def _demonym_base(token: str, capitalised: frozenset[str], same_prefix: Sequence[str]) -> bool:
+    """Whether ``token`` and a capitalised word of the contexts are a place and its demonym, either way
+    round: from a small table ("french" ~ "france"), or a shared stem of at least four letters once the
+    demonym's ending is taken off ("italian" ~ "italy", "canadian" ~ "canada", "chinese" ~ "china").
+    ``same_prefix``: the capitalised words that share ``token``'s first four letters."""
+    place = _IRREGULAR_DEMONYMS.get(token)
+    if place is not None and place in capitalised:
+        return True
+    if any(demonym in capitalised for demonym in _DEMONYMS_OF.get(token, ())):
+        return True
+    return any(_stem_pair(token, w) or _stem_pair(w, token) for w in same_prefix)
+
+
+_DEMONYMS_OF: dict[str, list[str]] = {}
+for _demonym, _place in _IRREGULAR_DEMONYMS.items():
+    _DEMONYMS_OF.setdefault(_place, []).append(_demonym)
+
+
+def _stem_pair(demonym: str, place: str) -> bool:
+    for ending in _DEMONYM_ENDINGS:
+        if demonym.endswith(ending) and len(demonym) - len(ending) >= 4:
+            base = demonym[: -len(ending)]
+            if place != demonym and place.startswith(base) and len(place) <= len(base) + 3:
+                return True
+    return False
 
 
 def fact_keys(facts: Facts) -> frozenset[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 # --- word lists ----------------------------------------------------------------------------------
@@ -69,6 +68,18 @@ LIGHT_WORDS: frozenset[str] = _words(
     offers offered solely exactly specifically primarily generally respectively unspecified specified
     total totals event events instance example examples aspect aspects fact facts area areas
     stand stands stood lie lies located situated sit sits
+    """
+)
+
+# titles and forms of address: part of a written name ("President Obama", "Dr. Lopez") but no name of
+# their own; an answer may add one the contexts do not write
+TITLES: frozenset[str] = _words(
+    """
+    president vice prime minister king queen prince princess duke duchess lord lady sir dame dr doctor mr
+    mrs ms miss prof professor saint pope bishop archbishop cardinal reverend rev general gen colonel col
+    captain capt lieutenant lt sergeant sgt admiral commander senator sen governor gov mayor judge
+    justice chancellor chairman chairwoman chair ceo coach emperor empress sultan sheikh rabbi imam
+    father brother sister president-elect
     """
 )
 
@@ -146,7 +157,7 @@ SCALES: dict[str, float] = {
     "billion": 1e9, "billions": 1e9, "bn": 1e9, "b": 1e9, "trillion": 1e12, "tn": 1e12,
 }
 _OPENERS_RE = re.compile(r'[:"(\u201c\u00ab\[\n]')
-_BREAKS_RE = re.compile(r'[,;:()"\u201c\u201d\n]')
+_BREAKS_RE = re.compile(r'[,;:()"\u201c\u201d\n|\t]')
 _WORD_SCALES = frozenset({"hundred", "thousand", "million", "millions", "billion", "billions", "trillion"})
 
 # --- tokens --------------------------------------------------------------------------------------
@@ -160,14 +171,22 @@ _TOKEN_RE = re.compile(
     rf"|(?P<word>[^\W\d_{_CJK}][^\W_{_CJK}]*(?:['\-][^\W_{_CJK}]+)*)"
     rf"|(?P<pct>%)"
 )
-_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u2010": "-", "\u2011": "-"})
+# characters that show nothing but split a word or number for a regex ("19\u200b69"): zero-width spaces
+# and joiners, the word joiner, the BOM, the soft hyphen and the bidirectional controls
+_INVISIBLE = "\u00ad\u180e\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062" \
+    "\u2063\u2064\u2066\u2067\u2068\u2069\ufeff"
+_APOSTROPHES = str.maketrans(
+    {"\u2019": "'", "\u2018": "'", "\u02bc": "'", "\u2010": "-", "\u2011": "-", **dict.fromkeys(_INVISIBLE)}
+)
 
 
 def normalize(text: str) -> str:
-    """NFKC, unified apostrophes and hyphens; keeps length roughly linear and never raises."""
+    """NFKC, unified apostrophes and hyphens, invisible characters removed; keeps length roughly linear
+    and never raises."""
     if text.isascii():  # O(1) on str; ASCII is NFKC-stable and holds no character to translate
         return text
-    return unicodedata.normalize("NFKC", text).translate(_APOSTROPHES)
+    # invisible characters go first: NFKC would otherwise see "19", a soft hyphen and "69"
+    return unicodedata.normalize("NFKC", text.translate(_APOSTROPHES)).translate(_APOSTROPHES)
 
 
 _VOWELS = frozenset("aeiouy")
@@ -213,6 +232,21 @@ def stem(word: str) -> str:
             w = w[:-1] + "y"  # "easily" -> "easy"
     if len(w) > 2 and w.endswith("e"):
         w = w[:-1]
+    return _american(w)
+
+
+def _american(w: str) -> str:
+    """One key for the British and American spellings of a stem: "colour"/"color", "centre"/"center",
+    "organis(e)"/"organiz(e)", "programme"/"program". Applied to both sides alike, so a rare collision
+    of two unrelated words is the only cost."""
+    if len(w) >= 6 and w.endswith("our"):
+        return w[:-3] + "or"
+    if len(w) >= 4 and w.endswith(("tr", "br")) and w[-3] not in _VOWELS:
+        return w[:-1] + "er"
+    if len(w) >= 7 and w.endswith("is"):
+        return w[:-2] + "iz"
+    if len(w) >= 8 and w.endswith("amm"):
+        return w[:-1]
     return w
 
 
@@ -251,6 +285,9 @@ class Number:
     value: float
     tolerance: float  # half a unit of the last written digit: "181.7 million" matches 181,674,817
     unit: str | None = None  # the unit written after it, by its canonical name ("kg" for "kilograms")
+    tally: bool = False  # one side of a small tally such as a score ("won 4-1"): a count, often derived
+    # a hedge written before it: "about" ("roughly 300"), "over" ("more than 300"), "under" ("up to 300")
+    hedge: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +334,9 @@ def _word(tok: str) -> _Word:
         lower = lower[:-2]  # "here's", "Europe's": the base word decides what the token is
     negation = lower in NEGATIONS or lower.endswith("n't")
     upper = tok[0].isupper()
-    date = lower[:3] if lower in MONTHS and (lower not in _AMBIGUOUS_MONTHS or upper) else None
+    # "Tuesdays", "Mondays": a plural day name is a date too
+    base = lower[:-1] if lower.endswith("days") else lower
+    date = lower[:3] if base in MONTHS and (base not in _AMBIGUOUS_MONTHS or upper) else None
     content = not (
         lower in STOPWORDS
         or lower in NEGATIONS
@@ -354,6 +393,7 @@ _UNIT_GROUPS: tuple[tuple[tuple[str, ...], ...], ...] = (
     (("%", "percent", "per cent", "pct"), ("points", "point", "percentage points")),
     (("s", "sec", "second", "seconds"), ("min", "minute", "minutes"), ("h", "hr", "hour", "hours"),
      ("day", "days"), ("week", "weeks"), ("month", "months"), ("year", "years")),
+    (("times",),),  # "four times a day": a count of occurrences, not of things the text lists
 )
 UNITS: dict[str, tuple[int, str]] = {
     name: (g, forms[0]) for g, group in enumerate(_UNIT_GROUPS) for forms in group for name in forms
@@ -386,7 +426,57 @@ def _name_follows(matches: list[re.Match[str]], i: int, n: int, text: str) -> bo
     if text[matches[i].end() : matches[i + 1].start()].strip(" &-"):
         return False
     nxt = _word(matches[i + 1].group())
-    return nxt.upper and nxt.nameable and nxt.date is None and _word(matches[i].group()).nameable
+    first = _word(matches[i].group())
+    # a light word ("Another", "Several") only starts the sentence, it does not start the name
+    return nxt.upper and nxt.nameable and nxt.date is None and first.nameable and (
+        first.key is not None or first.acronym or first.number)
+
+
+# a tally's sides are small whole numbers joined by a dash: "4-1", "2–0" (not "2007-11")
+_TALLY_MAX = 30
+_TALLY_DASHES = frozenset({"-", "\u2013", "\u2014"})
+
+
+def _in_tally(matches: list[re.Match[str]], i: int, n: int, text: str) -> bool:
+    """Whether the number at ``matches[i]`` is one side of a tally ("4-1"): a small whole number joined
+    by a dash to another one."""
+    def side(j: int) -> bool:
+        tok = matches[j].group()
+        return matches[j].lastgroup == "num" and tok.isdigit() and int(tok) <= _TALLY_MAX
+
+    if not side(i):
+        return False
+    if i + 1 < n and side(i + 1) and text[matches[i].end() : matches[i + 1].start()].strip() in _TALLY_DASHES:
+        return True
+    return i > 0 and side(i - 1) and text[matches[i - 1].end() : matches[i].start()].strip() in _TALLY_DASHES
+
+
+# words before a number that say it is not exact, by what they allow: about (either side), over, under
+_HEDGES: dict[str, str] = {
+    "about": "about", "around": "about", "approximately": "about", "roughly": "about", "nearly": "about",
+    "almost": "about", "some": "about", "circa": "about", "ca": "about", "approx": "about",
+    "estimated": "about", "over": "over", "exceeding": "over", "above": "over", "under": "under",
+    "below": "under",
+}
+_HEDGE_PAIRS: dict[tuple[str, str], str] = {
+    ("close", "to"): "about", ("more", "than"): "over", ("at", "least"): "over", ("upwards", "of"): "over",
+    ("less", "than"): "under", ("fewer", "than"): "under", ("up", "to"): "under", ("at", "most"): "under",
+}
+
+
+def _hedge_before(matches: list[re.Match[str]], i: int) -> str | None:
+    """The hedge written right before the number at ``matches[i]`` ("about", "over", "under"), if any."""
+    if i == 0 or matches[i - 1].lastgroup != "word":
+        return None
+    prev = matches[i - 1].group().lower()
+    if i >= 2 and matches[i - 2].lastgroup == "word":
+        pair = _HEDGE_PAIRS.get((matches[i - 2].group().lower(), prev))
+        if pair is not None:
+            # "no fewer than" / "no more than" turn the bound around
+            if i >= 3 and matches[i - 3].group().lower() in ("no", "not"):
+                return {"over": "under", "under": "over"}.get(pair, pair)
+            return pair
+    return _HEDGES.get(prev)
 
 
 def analyze(text: str, sentence_start: bool = True) -> Facts:
@@ -456,6 +546,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                 groups.append(group)
                 entity_run.clear()
             if w.number:
+                first = i
                 value, tol, surface = NUMBER_WORDS[w.lower], 0.5, tok
                 # "five hundred", "two million"
                 if i + 1 < n and matches[i + 1].lastgroup == "word":
@@ -466,7 +557,8 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                         surface = text[m_start : matches[i + 1].end()]
                         prev_end = matches[i + 1].end()
                         i += 1
-                numbers.append(Number(surface, value, tol, _unit_after(matches, i, n)))
+                numbers.append(Number(surface, value, tol, _unit_after(matches, i, n),
+                                      hedge=_hedge_before(matches, first)))
                 meta_only = False
             elif w.key is not None:
                 terms.append((w.key, tok))
@@ -481,6 +573,7 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                 groups.append(group)
                 entity_run.clear()
             cjk_prev = None
+            first = i
             value, tol = _number_value(tok)
             surface = tok
             # a scale word after the number multiplies it: "$160 million", "3.5bn"
@@ -493,7 +586,9 @@ def analyze(text: str, sentence_start: bool = True) -> Facts:
                     surface = text[m_start : matches[i + 1].end()]
                     prev_end = matches[i + 1].end()
                     i += 1
-            numbers.append(Number(surface, value, tol, _unit_after(matches, i, n)))
+            numbers.append(Number(surface, value, tol, _unit_after(matches, i, n),
+                                  _in_tally(matches, i, n, text) if value <= _TALLY_MAX else False,
+                                  _hedge_before(matches, first)))
             meta_only = False
             at_start = False
             group += 1
@@ -555,20 +650,7 @@ def word_keys(text: str) -> tuple[set[str], set[str]]:
     return raw, keys
 
 
-# --- sentences and claims ------------------------------------------------------------------------
-
-_ABBREVIATIONS: frozenset[str] = _words(
-    """mr mrs ms dr prof sr jr st vs etc inc ltd co corp jan feb mar apr jun jul aug sep sept oct nov dec
-    no nos fig figs e.g i.e al approx dept est gen gov lt col sgt capt mt ft u.s u.k a.m p.m ca cf op
-    vol pp ed eds rev"""
-)
-# end of a sentence: terminal punctuation, optional closing quotes/brackets, then whitespace
-_SENT_END_RE = re.compile(r"[.!?\u3002\uff01\uff1f]+[\"'\u201d\u2019)\]]*(?=\s|$)|[\u3002\uff01\uff1f]")
-_LIST_MARKER_RE = re.compile(r"^\s*(?:[-*\u2022\u25cf\u2013]|\d{1,3}[.)]|[a-zA-Z][.)](?=\s))\s+")
-# any character a sentence end starts with: found by a fast charset scan, then _SENT_END_RE confirms
-_SENT_END_CHAR_RE = re.compile(r"[.!?\u3002\uff01\uff1f]")
-_WORD_BEFORE_RE = re.compile(r"([\w.]+)$")
-_NEXT_CHAR_RE = re.compile(r"\s*(\S)")
+# --- claims ------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,120 +660,6 @@ class Span:
     text: str
     terminated: bool
     sentence_start: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Resume:
-    """Where splitting a growing text can pick up again: every sentence before it is final, whatever
-    text is appended later."""
-
-    line_pos: int  # offset in the text of the line being split
-    lead: int  # characters cut from the line's start (list marker, blanks); -1: the line starts here
-    start: int  # offset in the cut line where the next sentence begins
-
-
-START = Resume(0, -1, 0)
-
-
-def sentences(text: str) -> list[Span]:
-    """Split ``text`` into sentences: lines first, then terminal punctuation, minding abbreviations,
-    initials and decimals. List markers are dropped. Linear in ``len(text)``."""
-    split = split_from(text, START)
-    assert split is not None  # a split from the start always succeeds
-    out = split[0]
-    # only the very last span can be "still being written"; earlier lines are complete
-    return [
-        s if s.terminated or i == len(out) - 1 else Span(s.text, True, s.sentence_start)
-        for i, s in enumerate(out)
-    ]
-
-
-def sentence_ranges(text: str) -> list[tuple[int, int, Span]]:
-    """The sentences of ``text`` (as :func:`sentences` finds them) with their char ranges in ``text``."""
-    out: list[tuple[int, int, Span]] = []
-    pos = 0
-    for span in sentences(text):
-        start = text.find(span.text, pos)
-        if start < 0:  # cannot happen (a span is a piece of the text); keep the range sane anyway
-            start = pos
-        end = min(len(text), start + len(span.text))
-        out.append((start, end, span))
-        pos = end
-    return out
-
-
-def split_from(text: str, resume: Resume) -> tuple[list[Span], int, Resume] | None:
-    """Split ``text`` from ``resume`` (a point that :func:`split_from` returned for a prefix of ``text``).
-
-    Returns the spans from there on, as :func:`sentences` finds them but before it marks all spans
-    except the last as terminated; how many of them are final however the text goes on; and the point
-    after those, to resume from once the text has grown. ``None`` when ``resume`` does not fit ``text``
-    (the line's list marker reads differently): split from :data:`START` instead.
-
-    A span is final once the line it is on is complete, or once a blank and more text follow its
-    terminal punctuation (that text decides abbreviations and lower-case continuations).
-    """
-    out: list[Span] = []
-    stable = 0
-    last = resume
-    pos = resume.line_pos
-    lead = resume.lead
-    this_lead = -1
-    while True:
-        nl = text.find("\n", pos)
-        complete = nl >= 0
-        raw = text[pos:nl] if complete else text[pos:]
-        cut = _LIST_MARKER_RE.sub("", raw, count=1)
-        line = cut.strip()
-        if lead >= 0 or not complete:
-            this_lead = len(raw) - len(cut.lstrip())
-            if lead >= 0 and this_lead != lead:
-                return None
-        start = resume.start if lead >= 0 else 0
-        for m in _sentence_ends(line, start):
-            end = m.end()
-            if m.group()[0] == ".":
-                before = _WORD_BEFORE_RE.search(line, max(start, m.start() - 20), m.start())
-                word = before.group(1).lower() if before else ""
-                if word.rstrip(".") in _ABBREVIATIONS or (len(word) == 1 and word.isalpha()):
-                    continue
-                # "3. " inside a sentence is usually a list number or a decimal split by tokens
-                nxt = _NEXT_CHAR_RE.match(line, end)
-                if nxt and nxt.group(1).islower():
-                    continue
-            piece = line[start:end].strip()
-            if piece:
-                out.append(Span(piece, True))
-            start = end
-            # the line is stripped, so a blank here means more text follows on this line
-            if not complete and end < len(line) and line[end].isspace():
-                stable = len(out)
-                last = Resume(pos, this_lead, end)
-        rest = line[start:].strip()
-        if rest:
-            # a line without final punctuation (a heading, a list item, or text still being written)
-            out.append(Span(rest, rest[-1:] in ":"))
-        if not complete:
-            return out, stable, last
-        pos = nl + 1
-        lead = -1
-        stable = len(out)
-        last = Resume(pos, -1, 0)
-
-
-def _sentence_ends(line: str, pos: int) -> Iterator[re.Match[str]]:
-    """The matches of ``_SENT_END_RE.finditer(line, pos)``, faster: every match starts with a sentence-end
-    character, and the regex engine finds those with a charset scan but tries a full match at every
-    position of a plain ``finditer``."""
-    search = _SENT_END_CHAR_RE.search
-    match = _SENT_END_RE.match
-    while (c := search(line, pos)) is not None:
-        m = match(line, c.start())
-        if m is None:
-            pos = c.start() + 1
-        else:
-            yield m
-            pos = m.end()
 
 
 _CLAUSE_SPLIT_RE = re.compile(r"\s*;\s*|,?\s+(?:but|whereas|while|although|however,?)\s+|,?\s+and\s+", re.I)

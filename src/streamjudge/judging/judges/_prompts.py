@@ -53,12 +53,13 @@ answer may be given too: it is there only to resolve references ("it", "the towe
 2. For each claim decide, using ONLY the context passages (no outside knowledge):
    "supported"    - the context states or directly implies it;
    "contradicted" - the context states something incompatible with it;
-   "unsupported"  - the context does not say.
+   "unsupported"  - the context does not say it (a number, name, date or fact it lacks);
+   "cannot_tell"  - the context is about it but too vague or partial to decide either way.
    and give the number of the sentence it comes from.
 {rule}
 Output schema:
-{{"claims": [{{"claim": "<claim>", "sentence": 1, "verdict": "supported|contradicted|unsupported", \
-"reason": "<short>"}}]}}
+{{"claims": [{{"claim": "<claim>", "sentence": 1, \
+"verdict": "supported|contradicted|unsupported|cannot_tell", "reason": "<short>"}}]}}
 """ + _JSON_ONLY
 
 FAITHFULNESS_USER = """Context passages:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 
 from streamjudge import semconv
 from streamjudge._redact import redact
-from streamjudge.config import JudgeLLMSettings, Settings
+from streamjudge.config import JudgeLLMSettings, Settings, Strictness
 from streamjudge.judging.base import (
     EvalInput,
     JudgeError,
@@ -23,6 +23,7 @@ from streamjudge.judging.base import (
 )
 from streamjudge.judging.judges import _prompts as P
 from streamjudge.judging.judges._clients import ChatClient, make_chat_client, metering, parse_json_object
+from streamjudge.results import SentenceVerdict
 from streamjudge.sentences import Sentence, split_sentences
 
 Tier = Literal["checkpoint", "final"]
@@ -30,6 +31,9 @@ Tier = Literal["checkpoint", "final"]
 _SUPPORTED = frozenset({"supported", "yes", "true", "1", "entailed"})
 _NOT_SUPPORTED = frozenset({"unsupported", "contradicted", "no", "false", "0", "not_supported",
                             "not supported", "idk", "unknown"})
+# a faithfulness verdict that says the model cannot decide: the sentence is uncertain, not failed
+_CANNOT_TELL = frozenset({"cannot_tell", "cannot tell", "can't tell", "unsure", "uncertain", "idk",
+                          "unknown", "not sure", "undetermined"})
 _MAX_EXPLAINED = 3
 
 
@@ -99,15 +103,17 @@ class LLMJudge:
     scores_sentences = True
 
     def __init__(self, client: ChatClient, *, fence_factory: Callable[[], P.DataFence] = P.DataFence,
-                 max_tokens: int = 1024) -> None:
+                 max_tokens: int = 1024, strictness: Strictness = "default") -> None:
+        """``strictness``: whether a sentence the model cannot tell about alerts (``strict``) or not."""
         self.client = client
         self._fence_factory = fence_factory
         self._max_tokens = max_tokens
+        self.strictness = strictness
 
     @classmethod
     def from_settings(cls, settings: Settings, tier: Tier = "final") -> LLMJudge:
         """A judge using the checkpoint or final judge-LLM settings."""
-        return cls(make_chat_client(llm_settings_for(settings, tier)))
+        return cls(make_chat_client(llm_settings_for(settings, tier)), strictness=settings.strictness)
 
     async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
         """Score ``item`` on ``metrics``; one model call per computable metric, run concurrently."""
@@ -165,13 +171,17 @@ class LLMJudge:
         claims = _items(await self._ask(system, user), "claims")
         if not claims:
             return Score(semconv.FAITHFULNESS, None, skipped="no_claims")
-        verdicts = [_bool(c.get("verdict"), "verdict") for c in claims]
+        classes = [_claim_class(c.get("verdict")) for c in claims]
+        verdicts = [k == "supported" for k in classes]
         bad = [str(c.get("claim", ""))[:120] for c, ok in zip(claims, verdicts, strict=True) if not ok]
         explanation = f"{sum(verdicts)}/{len(verdicts)} claims supported"
+        unsure = classes.count("uncertain")
+        if unsure:
+            explanation += f", {unsure} the model cannot tell"
         if bad:
             explanation += "; unsupported: " + P.short_json(bad[:_MAX_EXPLAINED])
         return Score(semconv.FAITHFULNESS, sum(verdicts) / len(verdicts), explanation=explanation,
-                     sentences=_sentence_scores(sentences, claims, verdicts))
+                     sentences=_sentence_scores(sentences, claims, classes, self.strictness))
 
     async def _answer_relevancy(self, item: EvalInput) -> Score:
         fence = self._fence_factory()
@@ -225,23 +235,42 @@ class LLMJudge:
     }
 
 
+def _claim_class(value: Any) -> SentenceVerdict:
+    """A claim's verdict as one of the three sentence verdicts: "cannot tell" is ``uncertain``."""
+    if isinstance(value, str) and value.strip().lower().replace("-", "_") in _CANNOT_TELL:
+        return "uncertain"
+    return "supported" if _bool(value, "verdict") else "fail"
+
+
 def _sentence_scores(
-    sentences: Sequence[Sentence], claims: Sequence[dict[str, Any]], verdicts: Sequence[bool]
+    sentences: Sequence[Sentence], claims: Sequence[dict[str, Any]], classes: Sequence[SentenceVerdict],
+    strictness: str = "default",
 ) -> tuple[SentenceScore, ...]:
-    """Per numbered sentence: its supported claims over its claims, the unsupported ones as the reason.
+    """Per numbered sentence: its supported claims over its claims, the unsupported ones as the reason,
+    and its three-way verdict (the worst of its claims'; an uncertain one alerts only when strict).
     Claims without a usable sentence number count for the score but name no sentence."""
-    per: dict[int, list[tuple[bool, str]]] = {}
-    for claim, ok in zip(claims, verdicts, strict=True):
+    per: dict[int, list[tuple[SentenceVerdict, str]]] = {}
+    for claim, verdict in zip(claims, classes, strict=True):
         n = claim.get("sentence")
         if isinstance(n, str) and n.strip().isdigit():
             n = int(n)
         if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= len(sentences):
             why = str(claim.get("reason") or claim.get("claim") or "")[:160]
-            per.setdefault(n, []).append((ok, why))
+            per.setdefault(n, []).append((verdict, why))
+    # the sentences decide the label only when every claim names its sentence: a claim that names none
+    # still weighs in the score's value, which the threshold then labels
+    decides = sum(len(marks) for marks in per.values()) == len(claims)
     out: list[SentenceScore] = []
     for n in sorted(per):
         marks = per[n]
         s = sentences[n - 1]
-        reasons = "; ".join(why for ok, why in marks if not ok and why)
-        out.append(SentenceScore(s.start, s.end, sum(ok for ok, _ in marks) / len(marks), reasons))
+        reasons = "; ".join(why for v, why in marks if v != "supported" and why)
+        kinds = {v for v, _ in marks}
+        worst: SentenceVerdict = (
+            "fail" if "fail" in kinds else "uncertain" if "uncertain" in kinds else "supported")
+        value = sum(v == "supported" for v, _ in marks) / len(marks)
+        alert = worst == "fail" or (worst == "uncertain" and strictness == "strict")
+        out.append(SentenceScore(s.start, s.end, value, reasons, verdict=worst,
+                                 alert=alert if decides else None, tier="llm",
+                                 kind=None if worst == "supported" else "llm"))
     return tuple(out)

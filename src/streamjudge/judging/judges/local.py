@@ -42,22 +42,29 @@ import functools
 import re
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from streamjudge import semconv
 from streamjudge._fork import after_fork_in_child
+from streamjudge.config import NamesPolicy, Strictness
 from streamjudge.judging.base import EvalInput, JudgeResult, Score, SentenceScore
-from streamjudge.judging.judges._local_index import ClaimVerdict, ContextIndex, IndexCache, fact_keys
+from streamjudge.judging.judges._local_index import (
+    CONTENT_COVERAGE,
+    ClaimVerdict,
+    ContextIndex,
+    IndexCache,
+    fact_keys,
+)
 from streamjudge.judging.judges._local_text import (
     PRONOUN_RE,
     Span,
     analyze,
     normalize,
     scopes,
-    sentence_ranges,
-    sentences,
     word_keys,
 )
+from streamjudge.sentences import split_units
 
 # inputs larger than this are judged in a worker thread by ``evaluate`` so the pool's loop stays responsive
 _THREAD_OFFLOAD_CHARS = 100_000
@@ -127,20 +134,33 @@ class LocalJudge:
     scores_sentences = True
 
     def __init__(
-        self, *, index_cache_size: int = 512, claim_cache_size: int = 4096, shared: bool = False
+        self, *, index_cache_size: int = 512, claim_cache_size: int = 4096, shared: bool = False,
+        strictness: Strictness = "default", names_absent: NamesPolicy | None = None,
     ) -> None:
         """``shared``: use the process's index cache (what :meth:`from_settings` builds) instead of one of
-        this judge's own (whose size the other arguments set)."""
+        this judge's own (whose size the other arguments set). ``strictness``: ``lenient`` fails only
+        numbers, dates, units and flipped negations; ``default`` also names absent from the contexts and
+        role swaps; ``strict`` alerts on uncertain sentences too. ``names_absent``: ``fail`` or
+        ``uncertain`` (default: ``uncertain`` when lenient, else ``fail``)."""
+        if strictness not in ("lenient", "default", "strict"):
+            raise ValueError(f"strictness must be lenient, default or strict, not {strictness!r}")
+        if names_absent is None:
+            names_absent = "uncertain" if strictness == "lenient" else "fail"
+        if names_absent not in ("fail", "uncertain"):
+            raise ValueError(f"names_absent must be fail or uncertain, not {names_absent!r}")
         self._shared = shared
         self._open = True
         self._indexes = _SHARED.acquire() if shared else IndexCache(index_cache_size, claim_cache_size)
+        self.policy = Policy(strictness, names_absent)
 
     @classmethod
     def from_settings(cls, settings: Any, tier: str = "final") -> LocalJudge:
-        """The local judge takes no settings; both tiers get the same deterministic judge and one index
-        cache, so the final pass reuses its checkpoints' context indexes and sentence verdicts."""
-        del settings, tier
-        return cls(shared=True)
+        """Both tiers get the same deterministic judge (``strictness`` and ``names_absent`` from the
+        settings) and one index cache, so the final pass reuses its checkpoints' context indexes and
+        sentence verdicts."""
+        del tier
+        return cls(shared=True, strictness=getattr(settings, "strictness", "default"),
+                   names_absent=getattr(settings, "names_absent", None))
 
     async def evaluate(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
         """Score ``item`` on ``metrics``. Large inputs are judged off the event loop thread."""
@@ -184,7 +204,8 @@ class LocalJudge:
             return Score(name, None, skipped="empty_answer")
         if not _has_text(item.contexts):
             return Score(name, None, skipped="no_contexts")
-        return _claims_score(name, self._index(item.contexts), item.answer, what="claims", prefix=item.prefix)
+        return _claims_score(name, self._index(item.contexts), item.answer, what="sentences",
+                             prefix=item.prefix, policy=self.policy)
 
     def _context_recall(self, item: EvalInput) -> Score:
         name = semconv.CONTEXT_RECALL
@@ -192,7 +213,8 @@ class LocalJudge:
             return Score(name, None, skipped="no_reference")
         if not _has_text(item.contexts):
             return Score(name, None, skipped="no_contexts")
-        return _claims_score(name, self._index(item.contexts), item.reference, what="reference claims")
+        return _claims_score(name, self._index(item.contexts), item.reference, what="reference sentences",
+                             policy=self.policy)
 
     def _context_precision(self, item: EvalInput) -> Score:
         name = semconv.CONTEXT_PRECISION
@@ -262,7 +284,7 @@ def _chain(prefix: str) -> list[frozenset[str]]:
     sentence, and the ones before it while they open with a pronoun too."""
     if not prefix.strip():
         return []
-    tail = sentences(normalize(prefix[-_PREFIX_TAIL:]))
+    tail = split_units(normalize(prefix[-_PREFIX_TAIL:]))
     out: list[frozenset[str]] = []
     for sent in reversed(tail[-_CHAIN_SENTENCES:]):
         out.append(_subject(sent.text))
@@ -271,75 +293,126 @@ def _chain(prefix: str) -> list[frozenset[str]]:
     return out
 
 
-def _claims_score(name: str, index: ContextIndex, text: str, *, what: str, prefix: str = "") -> Score:
-    checked = supported = 0
-    listed: list[tuple[str, ClaimVerdict]] = []
+# a sentence's value by its verdict: what the average over sentences (the metric's value) is made of
+_VALUES: dict[str, float] = {"supported": 1.0, "uncertain": 0.5, "fail": 0.0}
+# content words the contexts lack weigh as a weak signal only when the claim's coverage is below
+# CONTENT_COVERAGE and one of them is long enough to be specific (word length stands in for rarity:
+# common words are short); below this coverage any missing words do
+_RARE_LETTERS = 7
+_RARE_LETTERS_STRICT = 5
+# the most words a context heading glued to the front of a sentence is looked for in
+_HEADING_WORDS = 10
+_LOW_COVERAGE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How evidence becomes a verdict: the strictness and what a name absent from the contexts is."""
+
+    strictness: Strictness = "default"
+    names_absent: NamesPolicy = "fail"
+
+    def alerts(self, verdict: str) -> bool:
+        """Whether a sentence with ``verdict`` alerts: fails always, uncertain ones when strict."""
+        return verdict == "fail" or (verdict == "uncertain" and self.strictness == "strict")
+
+
+def _evidence(verdict: ClaimVerdict, policy: Policy) -> list[tuple[str, str, str]]:
+    """(class, kind, reason) of every piece of evidence against one claim, hard evidence first."""
+    hard = "fail"
+    # lenient: only what a reader checks at a glance fails (numbers, dates, units, a flipped negation)
+    soft_hard = "uncertain" if policy.strictness == "lenient" else "fail"
+    names = "fail" if policy.names_absent == "fail" else "uncertain"
+    out: list[tuple[str, str, str]] = []
+    if verdict.missing_numbers:
+        out.append((hard, "number", "number not in context: " + ", ".join(verdict.missing_numbers[:6])))
+    if verdict.missing_dates:
+        out.append((hard, "date", "date not in context: " + ", ".join(verdict.missing_dates[:6])))
+    if verdict.units:
+        out.append((hard, "unit", "unit differs from the context: " + ", ".join(verdict.units[:4])))
+    if verdict.negation_mismatch and not verdict.negation_tie:
+        out.append((hard, "negation", "negation differs from the context"))
+    if verdict.role_swaps:
+        out.append((soft_hard, "role_swap", "role swap: " + "; ".join(verdict.role_swaps[:3])))
+    if verdict.missing_names:
+        out.append((names, "name", "name not in context: " + ", ".join(verdict.missing_names[:6])))
+    if verdict.detached:
+        out.append(("uncertain", "detached",
+                    "said of something else in the context: " + ", ".join(verdict.detached[:4])))
+    if verdict.negation_tie:
+        out.append(("uncertain", "negation_tie", "negation tie: a negated and a plain context clause match"))
+    words = verdict.missing_words
+    # a shortfall of content words is a weak signal when it is large or a missing word is specific
+    # (long); strict counts shorter words as specific
+    rare = _RARE_LETTERS_STRICT if policy.strictness == "strict" else _RARE_LETTERS
+    if words and verdict.coverage < CONTENT_COVERAGE and (
+        verdict.coverage < _LOW_COVERAGE or any(len(w) >= rare for w in words)
+    ):
+        out.append(("uncertain", "words", "content words not in context: " + ", ".join(words[:8])))
+    out.sort(key=lambda e: e[0] != "fail")
+    return out
+
+
+def _claims_score(name: str, index: ContextIndex, text: str, *, what: str, prefix: str = "",
+                  policy: Policy = Policy()) -> Score:
     per_sentence: list[SentenceScore] = []
+    listed: list[str] = []
+    counts = {"supported": 0, "uncertain": 0, "fail": 0}
     # what a leading pronoun may stand for: the subjects of the sentences before it, back to the last one
     # that names its subject ("The tower is in Paris. It opened in 1889. It is 330 m tall.": the third "it"
     # is still the tower); read from the prefix for a checkpoint's first sentence
     chain: list[frozenset[str]] | None = None
-    for start, end, span in sentence_ranges(text):
-        norm = Span(normalize(span.text), span.terminated, span.sentence_start)
+    for unit in split_units(text):
+        norm = _without_heading(normalize(unit.text), index)
         antecedent: frozenset[str] = frozenset()
-        opens_with_pronoun = bool(PRONOUN_RE.match(norm.text))
+        opens_with_pronoun = bool(PRONOUN_RE.match(norm))
         if opens_with_pronoun:
             if chain is None:
                 chain = _chain(prefix)
             antecedent = frozenset().union(*chain)
-        verdicts = index.verify_sentence(norm, antecedent)
-        subject = _subject(norm.text)
+        verdicts = index.verify_sentence(Span(norm, True, True), antecedent)
+        subject = _subject(norm)
         chain = [*(chain or []), subject] if opens_with_pronoun else [subject]
-        s_checked = s_supported = 0
-        reasons: list[str] = []
-        for claim, verdict in verdicts:
-            if verdict.filler:
-                continue
-            s_checked += 1
-            if verdict.supported:
-                s_supported += 1
-                continue
-            reasons.extend(_reasons(verdict))
-            if len(listed) < _MAX_LISTED:
-                listed.append((claim, verdict))
-        if s_checked:
-            checked += s_checked
-            supported += s_supported
-            reason = "; ".join(dict.fromkeys(reasons))
-            if len(reason) > _MAX_REASON:
-                reason = reason[: _MAX_REASON - 3] + "..."
-            per_sentence.append(SentenceScore(start, end, s_supported / s_checked, reason))
-    if checked == 0:
+        checkable = [v for _, v in verdicts if not v.filler]
+        if not checkable:
+            continue
+        evidence = [e for v in checkable for e in _evidence(v, policy)]
+        evidence.sort(key=lambda e: e[0] != "fail")
+        verdict = evidence[0][0] if evidence else "supported"
+        reason = "; ".join(dict.fromkeys(e[2] for e in evidence))
+        if len(reason) > _MAX_REASON:
+            reason = reason[: _MAX_REASON - 3] + "..."
+        counts[verdict] += 1
+        if evidence and len(listed) < _MAX_LISTED:
+            quote = unit.text if len(unit.text) <= _MAX_QUOTE else unit.text[: _MAX_QUOTE - 3] + "..."
+            listed.append(f'"{quote}" ({verdict}: {reason})')
+        per_sentence.append(SentenceScore(
+            unit.start, unit.end, _VALUES[verdict], reason, verdict=verdict,  # type: ignore[arg-type]
+            alert=policy.alerts(verdict), tier="local", kind=evidence[0][1] if evidence else None,
+        ))
+    if not per_sentence:
         return Score(name, None, skipped="no_claims")
-    value = supported / checked
-    head = f"{supported}/{checked} {what} supported"
-    unsupported = checked - supported
-    if not unsupported:
+    value = sum(s.value for s in per_sentence) / len(per_sentence)
+    head = f"{counts['fail']} of {len(per_sentence)} {what} unsupported, {counts['uncertain']} uncertain"
+    if not listed:
         return Score(name, value, explanation=head, sentences=tuple(per_sentence))
-    parts = [_describe(claim, v) for claim, v in listed]
-    extra = unsupported - len(listed)
+    extra = counts["uncertain"] + counts["fail"] - len(listed)
     more = f"; and {extra} more" if extra > 0 else ""
-    return Score(name, _clamp(value), explanation=f"{head}; unsupported: {'; '.join(parts)}{more}",
+    return Score(name, _clamp(value), explanation=f"{head}: {'; '.join(listed)}{more}",
                  sentences=tuple(per_sentence))
 
 
-def _reasons(verdict: ClaimVerdict) -> list[str]:
-    reasons: list[str] = []
-    if verdict.missing:
-        reasons.append("not in context: " + ", ".join(verdict.missing[:8]))
-    if verdict.detached:
-        reasons.append("said of something else in the context: " + ", ".join(verdict.detached[:4]))
-    if verdict.units:
-        reasons.append("unit differs from the context: " + ", ".join(verdict.units[:4]))
-    if verdict.negation_mismatch:
-        reasons.append("negation differs from the context")
-    return reasons
-
-
-def _describe(text: str, verdict: ClaimVerdict) -> str:
-    quote = text if len(text) <= _MAX_QUOTE else text[: _MAX_QUOTE - 3] + "..."
-    reasons = _reasons(verdict)
-    return f'"{quote}" ({"; ".join(reasons)})' if reasons else f'"{quote}"'
+def _without_heading(sentence: str, index: ContextIndex) -> str:
+    """``sentence`` without a context's heading glued to its front ("Refund Policy Customers may ..."): a
+    heading is a label, not a claim, and would tie the sentence's names to the heading's line."""
+    if not index.headings:
+        return sentence
+    words = sentence.split(" ", _HEADING_WORDS + 1)
+    for k in range(min(len(words) - 1, _HEADING_WORDS), 0, -1):
+        rest = words[k]
+        if rest[:1].isupper() and " ".join(words[:k]).lower().rstrip(":") in index.headings:
+            return sentence.split(" ", k)[k]
+    return sentence
 
 
 def _words_of(text: str) -> frozenset[str]:

@@ -87,12 +87,16 @@ from streamjudge.judging.judges._model_runtime import (
     ModelRuntimeError,
     QueueFullError,
 )
+from streamjudge.results import SentenceVerdict
 from streamjudge.sentences import Sentence, split_sentences
 
 __all__ = ["DECISION_THRESHOLD", "ModelJudge"]
 
 #: a sentence counts as supported in ``Score.value`` when its probability is at least this
 DECISION_THRESHOLD = 0.5
+#: a sentence's probability below this is a ``fail`` verdict; from it up to DECISION_THRESHOLD ``uncertain``;
+#: from DECISION_THRESHOLD on ``supported`` (the verdict is recorded; labels still follow the threshold)
+FAIL_BELOW = 0.3
 _BACKENDS = ("auto", "onnx", "torch")
 _MAX_LISTED = 3  # unsupported sentences quoted in an explanation
 _MAX_QUOTE = 120
@@ -237,7 +241,9 @@ class ModelJudge:
             if res.truncated:
                 reason += (f"; sentence cut by {res.truncated} tokens to fit the "
                            f"{self.runtime.max_length}-token window")
-            sentences.append(SentenceScore(claim.sentence.start, claim.sentence.end, res.score, reason))
+            sentences.append(SentenceScore(claim.sentence.start, claim.sentence.end, res.score, reason,
+                                           verdict=band_verdict(res.score), tier="model",
+                                           kind=None if ok else "model"))
         value = supported / len(claims)
         expl = f"{supported}/{len(claims)} {what} supported ({label} >= {DECISION_THRESHOLD:g})"
         if unsupported:
@@ -247,6 +253,13 @@ class ModelJudge:
         if truncated:
             expl += f"; {truncated} {what} cut to fit the model's {self.runtime.max_length}-token window"
         return Score(name, value, explanation=expl, sentences=tuple(sentences) if with_sentences else ())
+
+
+def band_verdict(probability: float) -> SentenceVerdict:
+    """The three-way verdict of a sentence from the model's probability that the contexts support it."""
+    if probability >= DECISION_THRESHOLD:
+        return "supported"
+    return "uncertain" if probability >= FAIL_BELOW else "fail"
 
 
 # --- claims ---------------------------------------------------------------------------------------
