@@ -50,6 +50,8 @@ OTHER_READ: tuple[tuple[str, str], ...] = (
     ("PHOENIX_CLIENT_HEADERS", "Headers for Phoenix (`k=v,k2=v2`, URL-encoded values)."),
     ("PHOENIX_PROJECT_NAME", "The Phoenix project (`openinference.project.name` on spans sent to Phoenix)."),
     ("PHOENIX_PROJECT", "The same, as newer `phoenix.otel` names it."),
+    ("STREAMJUDGE_WORKER_BEARER_TOKEN", "`streamjudge worker`: the token exports to it must carry "
+     "(`Authorization: Bearer ...`; `--bearer-token-file` takes precedence). Unset: no token asked."),
     ("STREAMJUDGE_JAEGER", "`make demo-ui`: the Jaeger binary (default: the one `make jaeger` builds)."),
 )
 
