@@ -20,7 +20,7 @@ CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"
 TELEMETRY_PAGE = ROOT / "docs" / "reference" / "telemetry.md"
 SEMCONV = ROOT / "src" / "streamjudge" / "semconv.py"
 #: the collector configurations whose ``${env:NAME:-default}`` variables the settings page lists
-COLLECTOR_CONFIGS = ("otel-config.yaml", "collector/gateway-config.yaml", "collector/jaeger.yaml")
+COLLECTOR_CONFIGS = ("otel-config.yaml", "collector/*.yaml")
 
 #: variables the package reads that are not streamjudge options, beside ``config.BORROWED_VARIABLES`` (the
 #: ones the settings read as defaults): (variable, what streamjudge does with it). The OpenTelemetry SDK
@@ -114,11 +114,13 @@ def _pairs(pairs: Iterable[tuple[str, str]]) -> list[str]:
 def collector_variables(root: Path = ROOT) -> dict[str, tuple[str, list[str]]]:
     """``${env:NAME:-default}`` references of the collector configurations: name -> (default, files)."""
     found: dict[str, tuple[str, list[str]]] = {}
-    for rel in COLLECTOR_CONFIGS:
-        path = root / rel
-        if not path.exists():
-            continue
-        for m in _ENV_REF.finditer(path.read_text(encoding="utf-8")):
+    paths = sorted({p for pattern in COLLECTOR_CONFIGS for p in root.glob(pattern)})
+    for path in paths:
+        rel = path.relative_to(root).as_posix()
+        # comments show examples (a header of your own), not what the configuration reads
+        text = "\n".join(line for line in path.read_text(encoding="utf-8").splitlines()
+                         if not line.lstrip().startswith("#"))
+        for m in _ENV_REF.finditer(text):
             name, default = m.group(1), m.group(2) or ""
             prev = found.get(name)
             files = prev[1] if prev else []
@@ -182,7 +184,7 @@ def settings_page() -> str:
         "## The collector configurations",
         "",
         "Read by the OpenTelemetry Collector, not by the Python package: `${env:NAME:-default}` in "
-        + ", ".join(f"`{c}`" for c in COLLECTOR_CONFIGS) + ".",
+        "`otel-config.yaml` and `collector/*.yaml`.",
         "",
         "| variable | default | in |",
         "|---|---|---|",
