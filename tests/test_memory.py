@@ -271,7 +271,8 @@ def _kept_per_stream(
     return asyncio.run(run())
 
 
-@pytest.mark.parametrize(("sample_rate", "most"), [(0.0, 18), (1.0, 40)])
+# the judged bound leaves a few objects for a verdict that arrives a pass later on a loaded machine
+@pytest.mark.parametrize(("sample_rate", "most"), [(0.0, 18), (1.0, 44)])
 def test_a_live_stream_keeps_few_objects_for_the_cyclic_gc(
     harness: Harness, sample_rate: float, most: int
 ) -> None:

@@ -58,10 +58,11 @@ class ContextStore:
         """Record what is known for ``trace_id``; fields left ``None`` keep their earlier value.
 
         Contexts registered twice (a retriever then a reranker) are replaced by the later list, which is
-        the one the generator saw.
+        the one the generator saw. A passage is kept once (by content, whitespace aside): a document
+        returned twice is one piece of evidence, and counting it twice skews context precision.
         """
         now = time.monotonic()
-        ctx = tuple(contexts) if contexts is not None else None
+        ctx = _distinct(contexts) if contexts is not None else None
         with self._lock:
             item = self._data.pop(trace_id, None)
             if item is None:  # the usual case: the trace's first registration
@@ -121,6 +122,18 @@ class ContextStore:
             if now - first[0] <= self._ttl:
                 break
             self._chars -= _chars(self._data.popitem(last=False)[1][1])
+
+
+def _distinct(contexts: Sequence[str]) -> tuple[str, ...]:
+    """``contexts`` in order, each passage once (compared with runs of whitespace collapsed)."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for text in contexts:
+        key = " ".join(text.split())
+        if key not in seen:
+            seen.add(key)
+            out.append(text)
+    return tuple(out) if len(out) != len(contexts) else tuple(contexts)
 
 
 def _chars(inputs: TraceInputs) -> int:

@@ -49,6 +49,10 @@ DEFAULT_ROUTES_EXCLUDE: tuple[str, ...] = (
     "/metrics", "/metrics/*", "/health", "/healthz", "/health/*", "/livez", "/readyz", "/ready", "/live",
     "/docs", "/docs/*", "/redoc", "/openapi.json", "/favicon.ico",
 )
+#: input keys that hold the user's question, in order of preference
+DEFAULT_QUESTION_KEYS: tuple[str, ...] = (
+    "question", "query", "input", "user_question", "standalone_question",
+)
 
 
 #: judges built in (``package.module:ClassName`` names any other)
@@ -209,6 +213,9 @@ class Settings:
     max_text_attribute_chars: int = 16_384
     # LangGraph / streaming instrumentation
     answer_nodes: tuple[str, ...] = ("generate",)
+    # where the user's question is in a chain's or graph's input (first non-empty key wins; without
+    # one, the last human message of ``messages`` / ``chat_history``)
+    question_keys: tuple[str, ...] = DEFAULT_QUESTION_KEYS
     # openinference's LangChain tracer called in the caller's task (LangChain otherwise hands each of its
     # callbacks to the loop's thread pool); off: LangChain's own dispatch
     openinference_inline: bool = True
@@ -524,6 +531,8 @@ OPTIONS: tuple[Option, ...] = (
        "a longer one).", low=16),
     # instrumentation
     _o("answer_nodes", "ANSWER_NODES", "list", "LangGraph nodes whose model stream is the answer."),
+    _o("question_keys", "QUESTION_KEYS", "list", "Input keys holding the user's question, in order (else "
+       "the last human message of messages / chat_history)."),
     _o("openinference_inline", "OPENINFERENCE_INLINE", "bool", "Run openinference's LangChain tracer "
        "in the caller's task instead of a thread pool."),
     _o("sse_token_field", "SSE_TOKEN_FIELD", "text", "Dot path of the token in JSON SSE data (apps "

@@ -179,6 +179,11 @@ METRIC_ATTR_STATUS: Final = "status"
 METRIC_EXPORT_FAILURES: Final = "streamjudge.export.failures"  # spans an exporter failed to deliver
 METRIC_ATTR_EXPORTER: Final = "exporter"
 
+# --- answer discovery (zero-code) ------------------------------------------------------------------
+#: on the request span (or a chain's top-level span): why no answer of this request could be found to
+#: judge (``model_output_not_returned``, ``model_calls_excluded``, ``no_answer_node``)
+ANSWER_NOT_FOUND: Final = "streamjudge.answer.not_found"
+
 # --- `streamjudge worker` receivers: requests refused or cut short, by reason ----------------------
 # (too_large, bad_request, unauthorized, busy, aborted, timeout, tls)
 METRIC_WORKER_REQUESTS_REJECTED: Final = "streamjudge.worker.requests.rejected"
@@ -192,5 +197,7 @@ METRIC_WORKER_REQUESTS_REJECTED: Final = "streamjudge.worker.requests.rejected"
 EVAL_SENTENCE_VERDICTS: Final = "streamjudge.eval.sentence_verdicts"
 EVAL_SENTENCE_TIERS: Final = "streamjudge.eval.sentence_tiers"
 EVAL_SENTENCE_KINDS: Final = "streamjudge.eval.sentence_kinds"
+#: every judged sentence's char range in the stream's text, flattened, in the order of the arrays above
+EVAL_SENTENCE_BOUNDS: Final = "streamjudge.eval.sentence_bounds"
 #: the strictness the judge ran at (``lenient`` / ``default`` / ``strict``)
 EVAL_STRICTNESS: Final = "streamjudge.eval.strictness"

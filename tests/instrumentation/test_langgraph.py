@@ -6,10 +6,12 @@ import asyncio
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import langchain_core.callbacks as cb
 import pytest
 from openinference.instrumentation.langchain._tracer import OpenInferenceTracer
+from typing_extensions import TypedDict
 
 from _fakes import KeywordJudge
 from streamjudge import semconv
@@ -303,3 +305,79 @@ def test_a_held_back_answer_streams_its_model_in_the_requests_own_task(harness, 
     stream = next(s for s in harness.spans() if s.name == semconv.SPAN_STREAM)
     assert stream.attributes[semconv.STREAM_OUTCOME] == "completed"
     assert stream.attributes[semconv.STREAM_ANSWER] == answer
+
+
+class _KeysState(TypedDict, total=False):
+    chat_history: list[Any]
+    user_input: str
+    question: str
+    query: str
+    answer: str
+
+
+@pytest.mark.parametrize(("state", "keys", "question"), [
+    ({"chat_history": [("user", "Where is it?"), ("assistant", "Paris."), ("user", "How tall is it?")]},
+     None, "How tall is it?"),
+    ({"user_input": "How tall is it?", "question": ""}, ("user_input",), "How tall is it?"),
+    ({"query": "How tall is it?"}, None, "How tall is it?"),
+])
+def test_the_question_of_a_graph_under_other_keys(harness, state, keys, question) -> None:  # type: ignore[no-untyped-def]
+    from langgraph.graph import END, START, StateGraph
+
+    def generate(s: _KeysState) -> _KeysState:
+        return {"answer": "It is 330 metres tall."}
+
+    g = StateGraph(_KeysState)
+    g.add_node("generate", generate)
+    g.add_edge(START, "generate")
+    g.add_edge("generate", END)
+    graph = g.compile()
+    rt = harness.configure(**({"question_keys": keys} if keys else {}))
+    inst = StreamJudgeInstrumentor()
+    inst.instrument()
+    try:
+        with rt.tracer.start_as_current_span("request") as req:
+            asyncio.run(graph.ainvoke(state))
+            trace_id = req.get_span_context().trace_id
+    finally:
+        inst.uninstrument()
+    inputs = rt.contexts.get(trace_id)
+    assert inputs is not None and inputs.question == question
+
+
+def test_a_graph_without_an_answer_node_says_so_once_per_route(harness, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from langgraph.graph import END, START, StateGraph
+    from opentelemetry import context as otel_context
+
+    def respond(s: _KeysState) -> _KeysState:
+        return {"answer": "It is 330 metres tall."}
+
+    g = StateGraph(_KeysState)
+    g.add_node("respond", respond)
+    g.add_edge(START, "respond")
+    g.add_edge("respond", END)
+    graph = g.compile(name="support_bot")
+    rt = harness.configure()
+    caplog.set_level(logging.INFO, logger="streamjudge.instrumentation._chains")
+    inst = StreamJudgeInstrumentor()
+    inst.instrument()
+    try:
+        for _ in range(2):
+            with rt.tracer.start_as_current_span("POST /ask") as req:
+                binding = _binding.StreamBinding(req.get_span_context().trace_id, owner="http",
+                                                 parent=otel_context.get_current())
+                _binding.bind(binding)
+                try:
+                    asyncio.run(graph.ainvoke({"question": "How tall is it?"}))
+                finally:
+                    _binding.unbind(binding)
+                    binding.finish()
+    finally:
+        inst.uninstrument()
+    requests = [s for s in harness.spans() if s.name == "POST /ask"]
+    assert [r.attributes.get(semconv.ANSWER_NOT_FOUND) for r in requests] == ["no_answer_node"] * 2
+    lines = [r.getMessage() for r in caplog.records if "no answer to judge" in r.getMessage()]
+    assert len(lines) == 1
+    assert "'support_bot' on POST /ask" in lines[0] and "generate" in lines[0] and "respond" in lines[0]

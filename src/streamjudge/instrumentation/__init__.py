@@ -144,8 +144,13 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             tracer=tracer,
             node_span_lookup=node_span_lookup,
             root_tracer=rt.tracer_provider.get_tracer(semconv.TRACER_NAME, __version__),
+            question_keys=self._settings.question_keys,
         )
         import langchain_core.callbacks as cb
+
+        from streamjudge.instrumentation import _chains
+
+        _chains.wrap_sequences(self._handler, self._patched)  # chains without LangGraph: their answer
 
         wrap_function_wrapper(cb.BaseCallbackManager, "__init__",
                               _langgraph.CallbackManagerInitWrapper(self._handler, oi_tracer_cls))

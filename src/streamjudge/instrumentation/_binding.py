@@ -79,6 +79,11 @@ class StreamBinding:
         #: set by :func:`bind`: restores the context's previous stream at :func:`unbind`
         self.ctx_token: contextvars.Token[StreamBinding | None] | None = None
 
+    @property
+    def parent(self) -> otel_context.Context | None:
+        """The context the stream span starts in (the request's, for a server's stream)."""
+        return self._parent
+
     # -- hot path --------------------------------------------------------------------------------
     def feed(self, token: str, source: Source) -> None:
         """Record one token of the answer (ignored unless ``source`` is this stream's source)."""

@@ -15,7 +15,10 @@ every LangChain callback manager the way openinference adds its tracer:
   not ``nostream`` ones. Grading and reflection calls never reach the answer text;
 - registers what tools return as contexts (a ReAct agent retrieves inside its answer node, before the
   answer's first token);
-- gives a graph run outside any span a root span of its own, so it is judged.
+- gives a graph run outside any span a root span of its own, so it is judged;
+- finds the answer of LangChain runnables without LangGraph (``_chains``: the chat-model call whose output
+  reaches the chain's output) and says once per route, on INFO and on the request span, when an app's
+  answer cannot be found.
 """
 
 from __future__ import annotations
@@ -35,12 +38,15 @@ from opentelemetry.trace import Span, Status, StatusCode
 from streamjudge import semconv
 from streamjudge._context import ContextStore
 from streamjudge._sdk import is_instrumentation_enabled
-from streamjudge.instrumentation import _binding, _model
+from streamjudge.config import DEFAULT_QUESTION_KEYS
+from streamjudge.instrumentation import _binding, _chains, _model
 from streamjudge.instrumentation._binding import StreamBinding
 
 _log = logging.getLogger(__name__)
 
-QUESTION_KEYS: tuple[str, ...] = ("question", "query", "input", "user_question", "standalone_question")
+QUESTION_KEYS: tuple[str, ...] = DEFAULT_QUESTION_KEYS
+#: input keys holding a conversation whose last human message is the question
+MESSAGE_KEYS: tuple[str, ...] = ("messages", "chat_history", "history")
 CONTEXT_KEYS: tuple[str, ...] = ("documents", "contexts", "context", "docs", "retrieved", "sources")
 _NOSTREAM_TAGS = frozenset({"nostream", "langsmith:nostream"})
 _MAX_RUNS = 20_000  # a run that never ends (cancelled without callbacks) must not grow the map forever
@@ -49,7 +55,8 @@ _MAX_RUNS = 20_000  # a run that never ends (cancelled without callbacks) must n
 
 
 class _Run:
-    __slots__ = ("answer", "binding", "edge", "fed", "is_node", "node", "root", "span", "start", "trace_id")
+    __slots__ = ("answer", "binding", "edge", "fed", "got_docs", "is_node", "is_tool", "node", "reaches",
+                 "root", "search", "span", "start", "steps", "tool", "trace_id")
 
     def __init__(self, trace_id: int, node: str | None) -> None:
         self.trace_id = trace_id
@@ -62,6 +69,12 @@ class _Run:
         self.span: Span | None = None
         self.binding: StreamBinding | None = None
         self.root: _Run | None = None  # the graph's run (None: this is it)
+        self.reaches = True  # its output reaches the top-level run's output (see _chains)
+        self.steps: tuple[bool, ...] | None = None  # a sequence run: which steps reach its output
+        self.is_tool = False
+        self.tool: _Run | None = None  # the tool run this run is part of (never itself: no cycle)
+        self.got_docs = False  # a tool run: a retriever inside it returned documents
+        self.search: _chains.ChainSearch | None = None  # a top-level run: its answer's search
 
 
 def _after_node_function(tags: Sequence[str] | None) -> bool:
@@ -86,25 +99,47 @@ def _text_of(item: Any) -> str | None:
     return None
 
 
-def find_question(state: Any) -> str | None:
-    """The user's question in a graph state or node input (question-like key or the last human message)."""
+def find_question(state: Any, keys: Sequence[str] = QUESTION_KEYS) -> str | None:
+    """The user's question in a graph state or a chain's input: the first question-like key (``keys``)
+    holding text, else the last human message of the conversation (``messages``, ``chat_history``, a
+    message list or a prompt value)."""
     if isinstance(state, str):
-        return state or None
-    if not isinstance(state, Mapping):
+        return state if state.strip() else None
+    if isinstance(state, Mapping):
+        for key in keys:
+            v = state.get(key)
+            if isinstance(v, str) and v.strip():
+                return v
+        for key in MESSAGE_KEYS:
+            q = _last_human(state.get(key))
+            if q is not None:
+                return q
         return None
-    for key in QUESTION_KEYS:
-        v = state.get(key)
-        if isinstance(v, str) and v.strip():
-            return v
-    messages = state.get("messages")
-    if isinstance(messages, Sequence) and not isinstance(messages, str):
-        for m in reversed(messages):
-            if getattr(m, "type", None) == "human" and isinstance(getattr(m, "content", None), str):
-                return str(m.content)
-            if isinstance(m, Mapping) and m.get("role") in ("user", "human"):
-                content = m.get("content")
-                if isinstance(content, str):
-                    return content
+    to_messages = getattr(state, "to_messages", None)  # a PromptValue
+    if callable(to_messages):
+        with contextlib.suppress(Exception):
+            return _last_human(to_messages())
+        return None
+    return _last_human(state)
+
+
+def _last_human(messages: Any) -> str | None:
+    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+        return None
+    for m in reversed(messages):
+        if getattr(m, "type", None) == "human":
+            content = getattr(m, "content", None)
+        elif isinstance(m, Mapping) and m.get("role") in ("user", "human"):
+            content = m.get("content")
+        elif isinstance(m, tuple) and len(m) == 2 and m[0] in ("user", "human"):
+            content = m[1]
+        else:
+            continue
+        if isinstance(content, list):  # content blocks
+            content = _llm_token_text(content, None)
+        text = content if isinstance(content, str) else ""
+        if text.strip():
+            return text
     return None
 
 
@@ -150,8 +185,10 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         tracer: trace.Tracer | None,
         node_span_lookup: Callable[[UUID], Span | None] | None = None,
         root_tracer: trace.Tracer | None = None,
+        question_keys: Sequence[str] = QUESTION_KEYS,
     ) -> None:
         super().__init__()
+        self.question_keys = tuple(question_keys)
         self._root_tracer = root_tracer  # for a graph run outside any span when openinference has none
         self.answer_nodes = frozenset(answer_nodes)
         self._contexts = contexts
@@ -160,7 +197,8 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         self._runs: dict[UUID, _Run] = {}
 
     # --- bookkeeping ------------------------------------------------------------------------------
-    def _new_run(self, run_id: UUID, parent_run_id: UUID | None, metadata: Mapping[str, Any] | None) -> _Run:
+    def _new_run(self, run_id: UUID, parent_run_id: UUID | None, metadata: Mapping[str, Any] | None,
+                 tags: Sequence[str] | None = None) -> _Run:
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
         if parent is not None:
             trace_id = parent.trace_id
@@ -171,6 +209,8 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         if parent is not None:
             run.edge = parent.edge
             run.root = parent.root or parent
+            run.tool = parent if parent.is_tool else parent.tool
+            run.reaches = parent.reaches and _chains.link_reaches(tags, parent.steps)
         runs = self._runs
         if len(runs) >= _MAX_RUNS:
             for key in list(runs)[: _MAX_RUNS // 10]:
@@ -198,7 +238,10 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         if not is_instrumentation_enabled():
             return
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
-        run = self._new_run(run_id, parent_run_id, metadata)
+        run = self._new_run(run_id, parent_run_id, metadata, tags)
+        sequence = _chains.take_starting()
+        if sequence is not None:  # a sequence's invoke: its steps are known before they run
+            run.steps = _chains.reaching_steps(sequence)
         name = kwargs.get("name")
         root = parent_run_id is None or parent is None
         run.is_node = (
@@ -210,8 +253,10 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
             if not run.trace_id:
                 self._own_root(run, run_id, name)
             sid = (metadata or {}).get("thread_id") or (metadata or {}).get("session_id")
-            self._register(run.trace_id, question=find_question(inputs),
+            self._register(run.trace_id, question=find_question(inputs, self.question_keys),
                            session_id=str(sid) if sid is not None else None)
+            if run.node is None:
+                run.search = _chains.ChainSearch(run_id, str(name or "chain"), _chains.streamed_start(inputs))
             if self._tracer is not None and run.node is None and run.span is None:
                 run.span = self._tracer.start_span(
                     str(name or "LangGraph"), attributes={semconv.SPAN_TYPE: "graph"}
@@ -219,7 +264,10 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         if not run.is_node:
             return
         run.start = time.perf_counter()
-        q = find_question(inputs)
+        search = (run.root or run).search
+        if search is not None:
+            search.nodes.add(run.node or "")
+        q = find_question(inputs, self.question_keys)
         if q is not None:
             self._register(run.trace_id, question=q)
         node = run.node
@@ -272,8 +320,69 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
         if run is None:
             return
         if run.is_node:
-            self._register(run.trace_id, question=_output_question(outputs), contexts=find_contexts(outputs))
+            self._register(run.trace_id, question=_output_question(outputs, self.question_keys),
+                           contexts=find_contexts(outputs))
+        if run.search is not None:
+            self._check_found(run, run_id)
         self._end(run, None)
+
+    # --- chains without LangGraph (see _chains) -------------------------------------------------------
+    def sequence_steps(self, run_id: UUID | None, steps: tuple[bool, ...]) -> bool:
+        """A streamed sequence run's steps; True when its input is wanted for the question."""
+        run = self._runs.get(run_id) if run_id is not None else None
+        if run is None:
+            return False
+        run.steps = steps
+        if run.search is None or not run.trace_id:
+            return False
+        run.search.streamed = True
+        known = self._contexts().get(run.trace_id)
+        return known is None or not known.question
+
+    def chain_input(self, run_id: UUID, value: Any) -> None:
+        """The input of a streamed top-level chain (its start callback saw a placeholder)."""
+        run = self._runs.get(run_id)
+        if run is not None:
+            self._register(run.trace_id, question=find_question(value, self.question_keys))
+
+    def _chain_answer(self, run: _Run, excluded: bool) -> bool:
+        """Whether a chat-model run outside LangGraph is its chain's answer (and open its stream)."""
+        root = run.root
+        search = root.search if root is not None else None
+        if root is None or search is None or search.nodes or not run.trace_id:
+            return False
+        search.models += 1
+        if not run.reaches:
+            search.not_returned += 1
+            return False
+        if excluded or search.answered or not search.streamed:
+            return False
+        current = _binding.lookup(run.trace_id)
+        if current is not None and (current.source is not None or current.session is not None):
+            return False  # the request's stream has its answer (a graph's, the body's, an earlier chain's)
+        search.answered = True
+        self._open_answer(root, search.run_id)
+        return True
+
+    def _check_found(self, run: _Run, run_id: UUID) -> None:
+        """A top-level run ended: say (once per route) when its answer could not be found."""
+        search = run.search
+        assert search is not None
+        found = search.reason(self.answer_nodes)
+        if found is None or not run.trace_id:
+            return
+        binding = _binding.lookup(run.trace_id)
+        if binding is not None and binding.source is not None:
+            return  # the answer reached the stream another way (the body, the app's own guard)
+        span: Span | None = None
+        if binding is not None and binding.parent is not None:
+            span = trace.get_current_span(binding.parent)
+        if span is None or not span.get_span_context().is_valid:
+            span = run.span or (self._node_span(run_id) if self._node_span else None)
+        try:
+            _chains.report_not_found(search, found[0], found[1], span)
+        except Exception:
+            _log.debug("streamjudge: could not report a missing answer", exc_info=True)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         run = self._runs.pop(run_id, None)
@@ -331,14 +440,15 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
                    metadata: dict[str, Any] | None) -> None:
         if not is_instrumentation_enabled():
             return
-        run = self._new_run(run_id, parent_run_id, metadata)
-        run.answer = (
-            run.node in self.answer_nodes
-            and bool(run.trace_id)
-            and not run.edge
-            and not (tags and _NOSTREAM_TAGS.intersection(tags))
-            and not (metadata and metadata.get("ls_structured_output_format"))
-        )
+        run = self._new_run(run_id, parent_run_id, metadata, tags)
+        excluded = bool((tags and _NOSTREAM_TAGS.intersection(tags))
+                        or (metadata and metadata.get("ls_structured_output_format")))
+        if run.node is None:
+            run.answer = self._chain_answer(run, excluded)
+        else:
+            run.answer = (
+                run.node in self.answer_nodes and bool(run.trace_id) and not run.edge and not excluded
+            )
         binding = _binding.lookup(run.trace_id) if run.answer else None
         _model.arm(binding if binding is not None and not binding.closed else None)
 
@@ -385,12 +495,15 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
     ) -> None:
         if not is_instrumentation_enabled():
             return
-        self._new_run(run_id, parent_run_id, metadata)
+        run = self._new_run(run_id, parent_run_id, metadata, tags)
+        run.reaches = False  # a model inside a retriever (query generation) is never the answer
 
     def on_retriever_end(self, documents: Sequence[Any], *, run_id: UUID, **kwargs: Any) -> None:
         run = self._runs.pop(run_id, None)
         if run is not None:
             texts = [t for t in (_text_of(d) for d in documents) if t is not None]
+            if texts and run.tool is not None:
+                run.tool.got_docs = True  # the tool's own output repeats these documents
             self._register(run.trace_id, contexts=texts)
 
     def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
@@ -399,14 +512,18 @@ class StreamJudgeCallbackHandler(BaseCallbackHandler):
     # --- tools: an agent's retrieval happens here, inside its answer node --------------------------
     def on_tool_start(self, serialized: Any, input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, metadata: dict[str, Any] | None = None,
-                      **kwargs: Any) -> None:
+                      tags: list[str] | None = None, **kwargs: Any) -> None:
         if not is_instrumentation_enabled():
             return
-        self._new_run(run_id, parent_run_id, metadata)
+        run = self._new_run(run_id, parent_run_id, metadata, tags)
+        run.is_tool = True
+        run.reaches = False
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         run = self._runs.pop(run_id, None)
-        if run is None or not run.trace_id:
+        if run is None or not run.trace_id or run.got_docs:
+            # a retriever inside the tool registered its documents: the tool's output (often the same
+            # documents joined) would count them twice
             return
         texts = _tool_texts(output)
         if not texts:
@@ -475,10 +592,10 @@ def _finish_blocking(binding: StreamBinding) -> None:
     binding.finish()
 
 
-def _output_question(outputs: Any) -> str | None:
+def _output_question(outputs: Any, keys: Sequence[str] = QUESTION_KEYS) -> str | None:
     # a node that rewrites the question (contextualize, rewrite) states the self-contained version
     if isinstance(outputs, Mapping):
-        for key in QUESTION_KEYS:
+        for key in keys:
             v = outputs.get(key)
             if isinstance(v, str) and v.strip():
                 return v

@@ -31,7 +31,7 @@ from streamjudge._fork import after_fork_in_child
 from streamjudge._spans import copy_span
 from streamjudge.exporters._content import scrub_explanation
 from streamjudge.exporters.base import EvaluationRecord, EvaluationSink
-from streamjudge.results import JobOutcome, JudgeRequest, Score
+from streamjudge.results import JobOutcome, JudgeRequest, Score, SentenceScore
 
 _log = logging.getLogger(__name__)
 
@@ -379,6 +379,8 @@ class JudgeSpanProcessor(SpanProcessor):
                     ranges = [v for x in failing for v in (x.start, x.end)]
                     ev[semconv.EVAL_SENTENCE_RANGES] = ranges
                     extra[semconv.sentences_attribute(s.name, "ranges")] = ranges
+                if any(x.verdict is not None for x in s.sentences):
+                    _add_verdicts(s.sentences, ev, extra, s.name)
             if s.skipped:
                 ev[semconv.EVAL_SKIP_REASON] = s.skipped
             # without content capture an explanation keeps its structure, not the quoted answer text
@@ -459,3 +461,18 @@ def _enriched(
     attributes = dict(span.attributes or {})
     attributes.update(extra)
     return copy_span(span, attributes, events)
+
+
+def _add_verdicts(sentences: Sequence[SentenceScore], ev: dict[str, AttributeValue],
+                  extra: dict[str, AttributeValue], metric: str) -> None:
+    """A three-way judge's verdicts: per sentence on the event, and the uncertain ones on the span (they do
+    not alert by default, so the failed ranges alone would hide them)."""
+    ev[semconv.EVAL_SENTENCE_VERDICTS] = [x.verdict or "" for x in sentences]
+    ev[semconv.EVAL_SENTENCE_TIERS] = [x.tier or "" for x in sentences]
+    ev[semconv.EVAL_SENTENCE_KINDS] = [x.kind or "" for x in sentences]
+    ev[semconv.EVAL_SENTENCE_BOUNDS] = [v for x in sentences for v in (x.start, x.end)]
+    uncertain = [x for x in sentences if x.verdict == "uncertain"]
+    extra[semconv.sentences_attribute(metric, "uncertain")] = len(uncertain)
+    if uncertain:
+        extra[semconv.sentences_attribute(metric, "uncertain_ranges")] = [
+            v for x in uncertain for v in (x.start, x.end)]
