@@ -52,7 +52,7 @@ def test_demo_serves_the_example_app_and_summarises_each_request_from_its_spans(
     assert "-> generate" in grounded and "-> reflect" in grounded
     bad = sections["hallucinating"]
     assert "[warning frame] faithfulness 0.50 < 0.7" in bad and "verdict flagged" in bad
-    assert 'flagged, because: 1/2 claims supported; unsupported: "It was originally painted bright green' in bad
+    assert 'flagged, because: 1 of 2 sentences unsupported, 0 uncertain: "It was originally painted bright green' in bad
     weak = sections["weak retrieval"]
     assert re.search(r"context_precision 0\.\d+ fail", weak) and "pre-flight:  context precision" in weak
     stop = sections["hallucinating, action stop"]

@@ -1415,3 +1415,59 @@ def test_a_regeneration_asked_for_mid_burst_drops_the_token_that_saw_the_verdict
     assert "retract" in types
     after = [e.text for e in events[types.index("retract") + 1 :] if e.type == "token"]
     assert after == ["Fixed", " answer."]
+
+
+def test_hold_back_time_to_first_token_is_when_the_client_got_it(harness: Harness) -> None:
+    # the first window waits 50 ms for its verdict: the client's first token leaves after it, and that is
+    # the stream's time to first token; the model's is kept as its own attribute
+    harness.configure(KeywordJudge(delay_s=0.05), mode="hold_back", window_sentences=1, preflight=False)
+    events = run(guard(_tokens([w + " " for w in GOOD.split(" ")]), question="q", contexts=CONTEXTS))
+    assert text_of(events).strip() == GOOD.strip()
+    span = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    client, model = span.attributes[semconv.STREAM_TTFT_MS], span.attributes[semconv.STREAM_MODEL_TTFT_MS]
+    assert client >= model + 50
+    (first,) = [e for e in span.events if e.name == semconv.EVENT_FIRST_TOKEN]
+    assert first.timestamp - span.start_time >= client * 1e6 - 1e3
+
+
+@pytest.mark.parametrize("mode", ["stream_first", "hold_back"])
+def test_a_token_too_large_to_judge_whole_passes_through_and_is_counted(harness: Harness, mode: str) -> None:
+    from streamjudge.judging._windows import MAX_TOKEN_CHARS
+
+    judge = SyncKeywordJudge()
+    harness.configure(judge, mode=mode, preflight=False, final_reconcile=False)
+    big = "The sky is blue. " * (MAX_TOKEN_CHARS // 17 + 100)
+    tokens = ["Grass is green. ", big, "Water is wet."]
+    events = run(guard(_tokens(tokens), question="q", contexts=CONTEXTS))
+    assert text_of(events) == "".join(tokens)  # every char reached the client, in order
+    judged = "".join(c.answer for c in judge.calls)
+    assert len(judged) <= len(tokens[0]) + MAX_TOKEN_CHARS + len(tokens[2])
+    assert judged.startswith("Grass is green. The sky is blue.")
+    span = by_name(harness.spans(), semconv.SPAN_STREAM)[0]
+    assert span.attributes[semconv.STREAM_UNJUDGED_CHARS] == len(big) - MAX_TOKEN_CHARS
+    assert "token:too_large" in span.attributes[semconv.SKIP_REASONS]
+
+
+def test_a_stream_fed_after_its_client_left_judges_and_keeps_nothing_more(harness: Harness) -> None:
+    # a model the client left runs on (a sync node in a worker thread cannot be cancelled) and its tap
+    # still feeds the session: nothing of it may reach the pool, or the pool tracks the stream forever
+    judge = SyncKeywordJudge()
+    rt = harness.configure(judge, window_sentences=1, preflight=False)
+    session = GuardSession(question="q", contexts=CONTEXTS)
+    session.start()
+    for tok in ("The sky is blue. ", "Grass is green. "):
+        session.accept(tok)
+    session.abort("disconnected")
+    calls = len(judge.calls)
+    for _ in range(50):
+        session.accept("Water is wet. ")
+    session.close_tail()
+    assert session.finish() == []
+    deadline = time.monotonic() + 5
+    while rt.pool.depth and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(judge.calls) == calls
+    assert rt.pool.tracked_streams == 0
+    (stream,) = by_name(harness.spans(), semconv.SPAN_STREAM)
+    assert stream.attributes[semconv.STREAM_OUTCOME] == "disconnected"
+    assert len(by_name(harness.spans(), semconv.SPAN_CHECKPOINT)) <= 2

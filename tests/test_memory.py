@@ -284,7 +284,8 @@ def test_a_live_stream_keeps_few_objects_for_the_cyclic_gc(
     # judged count ran from 18 to 44 by load): before the stream span started without the SDK's start work
     # and the driver kept only what its tokens need, 42 sampled out and 60 judged; since, 20 and 43 (a
     # judged stream holds its last verdict until its next token); since the span's flags, the stream's
-    # counters, a result's empty usage and an unused list are shared or gone, 17 and 38
+    # counters, a result's empty usage and an unused list are shared or gone, 17 and 38; a judged stream's
+    # spans and timing have one object of their own since (StreamSpans)
     runtime = harness.configure(KeywordJudge(), preflight=False, sample_rate=sample_rate, end_wait_s=0.5)
     # counted once the pool is done with every checkpoint, its verdicts delivered and their spans exported
     per_stream = _kept_per_stream(harness, lambda _guarded: not runtime.pool.depth)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from streamjudge import semconv
 from streamjudge._context import ContextStore
 from streamjudge.config import Settings
 from streamjudge.judging.base import EvalInput, JudgeResult, Score, SentenceScore
+from streamjudge.judging.guard import set_fast_paths
 from streamjudge.judging.pool import JudgePool
 from streamjudge.judging.processor import JudgeSpanProcessor
 from streamjudge.judging.service import JudgingService
@@ -36,6 +37,16 @@ from streamjudge.results import JobOutcome, JudgeRequest, Verdict
 from streamjudge.sentences import split_sentences
 
 CONTEXTS = ("The sky is blue. Grass is green. Water is wet.",)
+
+
+@pytest.fixture(autouse=True, params=["fast_paths", "plain_paths"])
+def _driver_paths(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every seam test runs with the driver's fast paths on and off: they must do what the plain path does."""
+    set_fast_paths(request.param == "fast_paths")
+    try:
+        yield
+    finally:
+        set_fast_paths(True)
 MARK = "HALLUCINATED"
 
 
@@ -400,7 +411,7 @@ def test_a_judge_with_one_score_per_text_gets_no_merged_checkpoints() -> None:
 
 def test_the_public_api_is_pinned() -> None:
     assert sorted(streamjudge.__all__) == sorted([
-        "ConfigError", "EvalInput", "GuardSession", "GuardedStream", "Judge", "JudgeError", "JudgeResult",
+        "ConfigError", "EvalInput", "GuardedStream", "Judge", "JudgeError", "JudgeResult",
         "RegenerateRequest", "Runtime", "Score", "SentenceScore", "Settings", "StreamEvent",
         "TransientJudgeError", "Verdict", "__version__", "configure", "current_runtime", "get_runtime", "guard",
         "instrument_app", "load_settings",
@@ -415,6 +426,8 @@ def _imports(path: Path) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
             out.add(node.module)
+            # ``from streamjudge.judging import _backend`` reaches a private module as surely as its path
+            out.update(f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_"))
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
     return out
@@ -426,13 +439,25 @@ def _imports(path: Path) -> set[str]:
         ("judging", ("streamjudge.runtime", "streamjudge.instrumentation", "streamjudge.exporters.langfuse",
                      "streamjudge.exporters.phoenix")),
         ("exporters", ("streamjudge.runtime", "streamjudge.instrumentation", "streamjudge.judging")),
+        # instrumentation drives streams through judging's public API only (``judging.guard``), never its
+        # private modules, and knows nothing of where results go
+        ("instrumentation", ("streamjudge.judging._", "streamjudge.judging.pool", "streamjudge.judging.service",
+                             "streamjudge.exporters")),
+        # the worker judges spans it receives: no app instrumentation, no live streams
+        ("worker", ("streamjudge.instrumentation", "streamjudge.judging._", "streamjudge.judging.guard")),
+        # offline harnesses run apps and streams through the public API
+        ("offline", ("streamjudge.judging._", "streamjudge.judging.pool", "streamjudge.exporters")),
+        # the top-level modules reach the stages through their public modules; runtime.py, which wires the
+        # stages together, is the one exception (it sets judging's default backend)
+        (".", ("streamjudge.judging._", "streamjudge.instrumentation._", "streamjudge.exporters._")),
     ],
 )
 def test_imports_run_one_way(stage: str, forbidden: tuple[str, ...]) -> None:
     root = Path(streamjudge.__file__).parent / stage
+    files = [p for p in root.glob("*.py") if p.name != "runtime.py"] if stage == "." else root.rglob("*.py")
     bad = {
         str(p.relative_to(root)): sorted(m for m in _imports(p) if m.startswith(forbidden))
-        for p in root.rglob("*.py")
+        for p in files
     }
     assert {k: v for k, v in bad.items() if v} == {}
 
@@ -590,3 +615,67 @@ def test_a_failing_last_window_is_regenerated_after_the_source_ended(harness: Ha
     assert "".join(e.text for e in after if e.type == "token").strip() == "Water is wet."
     done = events[-1]
     assert done.type == "done" and done.data is not None and done.data["regenerations"] == 1
+
+
+@pytest.mark.parametrize("action", ["stop", "regenerate"])
+def test_hold_back_releases_the_passing_sentences_of_the_failing_window(action: str) -> None:
+    # one window of three sentences, the second fabricated: the verdict names it alone, so the first goes
+    # out before the warning and the third never does
+    answer = f"The sky is blue. Grass is {MARK} purple. Water is wet."
+    s = Settings(preflight=False, final_reconcile=False, mode="hold_back", action=action, window_sentences=3)
+    backend = FakeBackend(FakeService(SentenceJudge()), s)
+    tokens = [w + " " for w in answer.split(" ")]
+    asked: list[str] = []
+
+    def again(req: Any) -> list[str]:
+        asked.append(req.accepted_prefix)
+        return [" Water is wet."]
+
+    events = list(streamjudge.guard(tokens, question="sky", contexts=CONTEXTS, runtime=backend,  # type: ignore[arg-type]
+                                    regenerate=again))
+    kinds = [e.type for e in events]
+    first_warning = kinds.index("warning")
+    # up to the sentence's end: the continuation (or the fallback) brings its own separator
+    assert answer_text(events[:first_warning]) == "The sky is blue."
+    assert MARK not in answer_text(events)
+    assert "retract" not in kinds  # nothing shown is taken back
+    (stream,) = [x for x in backend.exporter.get_finished_spans() if x.name == semconv.SPAN_STREAM]
+    assert stream.attributes is not None
+    assert stream.attributes[semconv.STREAM_ANSWER] == answer_text(events)  # what the client received
+    if action == "stop":
+        assert kinds[-2:] == ["stop", "done"]
+        assert MARK in str(stream.attributes[semconv.STREAM_MODEL_ANSWER])  # the model's, kept apart
+    else:
+        assert asked == ["The sky is blue."]
+        assert answer_text(events) == "The sky is blue. Water is wet."
+
+
+def test_an_action_that_cannot_be_enforced_says_so_on_the_span() -> None:
+    # regenerate without a callback: the guard flags instead, and the span says the action did not happen
+    answer = f"The sky is blue. Grass is {MARK} purple."
+    s = Settings(preflight=False, final_reconcile=False, action="regenerate", window_sentences=1)
+    backend = FakeBackend(FakeService(SentenceJudge()), s)
+    events = list(streamjudge.guard([w + " " for w in answer.split(" ")], question="sky", contexts=CONTEXTS,
+                                    runtime=backend))  # type: ignore[arg-type]
+    assert warnings(events)[0]["action"] == "flag"
+    (stream,) = [x for x in backend.exporter.get_finished_spans() if x.name == semconv.SPAN_STREAM]
+    assert stream.attributes is not None
+    assert stream.attributes[semconv.ACTION_ENFORCED] is False
+    assert "regenerate" in str(stream.attributes[semconv.ACTION_ENFORCED_REASON])
+    assert stream.attributes[semconv.STREAM_VERDICT] == "flagged"
+
+
+def test_hold_back_never_shows_the_failing_sentence_even_quoted_in_the_warning() -> None:
+    class QuotingJudge(SentenceJudge):
+        def score(self, item: EvalInput, metrics: Sequence[str]) -> JudgeResult:
+            result = super().score(item, metrics)
+            quoted = tuple(replace(sc, explanation=f'unsupported: "{item.answer.strip()}"') for sc in result.scores)
+            return JudgeResult(result.judge, quoted)
+
+    answer = f"The sky is blue. Grass is {MARK} purple."
+    s = Settings(preflight=False, final_reconcile=False, mode="hold_back", action="stop", window_sentences=1)
+    backend = FakeBackend(FakeService(QuotingJudge()), s)
+    events = list(streamjudge.guard([w + " " for w in answer.split(" ")], question="sky", contexts=CONTEXTS,
+                                    runtime=backend))  # type: ignore[arg-type]
+    assert warnings(events)
+    assert all(MARK not in (e.text + repr(e.data)) for e in events), [e for e in events if e.type != "token"]

@@ -16,14 +16,13 @@ from streamjudge.judging.base import (
     SentenceScore,
     TransientJudgeError,
 )
-from streamjudge.judging.guard import GuardedStream, GuardSession, RegenerateRequest, StreamEvent, guard
+from streamjudge.judging.guard import GuardedStream, RegenerateRequest, StreamEvent, guard
 from streamjudge.results import Verdict
 from streamjudge.runtime import Runtime, configure, current_runtime, get_runtime
 
 __all__ = [
     "ConfigError",
     "EvalInput",
-    "GuardSession",
     "GuardedStream",
     "Judge",
     "JudgeError",

@@ -27,6 +27,15 @@ STREAM_ID: Final = "streamjudge.stream.id"
 STREAM_TTFT_MS: Final = "streamjudge.stream.time_to_first_token_ms"
 # time to first token counted from the request's start (STREAM_TTFT_MS counts from the answer node's)
 STREAM_TTFT_REQUEST_MS: Final = "streamjudge.stream.time_to_first_token_from_request_ms"
+# when the model's first token came (STREAM_TTFT_MS is the client's: later in hold-back mode)
+STREAM_MODEL_TTFT_MS: Final = "streamjudge.stream.model_time_to_first_token_ms"
+# chars of tokens too large to judge whole that passed through unjudged (see MAX_TOKEN_CHARS)
+STREAM_UNJUDGED_CHARS: Final = "streamjudge.stream.unjudged_chars"
+# the model's text when it differs from STREAM_ANSWER (what the client received)
+STREAM_MODEL_ANSWER: Final = "streamjudge.model_answer"
+# false when the stream's action or mode could not be enforced where its tokens come from; the reason beside
+ACTION_ENFORCED: Final = "streamjudge.action.enforced"
+ACTION_ENFORCED_REASON: Final = "streamjudge.action.enforced.reason"
 STREAM_TOKENS: Final = "streamjudge.stream.tokens"
 STREAM_CHARS: Final = "streamjudge.stream.chars"
 STREAM_CHECKPOINTS: Final = "streamjudge.stream.checkpoints"

@@ -81,10 +81,12 @@ def test_default_changes_no_byte_and_judges_the_agents_answer(
     assert stream.attributes[semconv.STREAM_ANSWER] == text
     assert stream.attributes[semconv.STREAM_CONTEXT_COUNT] == 1  # the tool's passage
     assert stream.attributes[semconv.PREFLIGHT_LABEL] == "pass"
-    # two model calls before the first token (the tool call, then the answer), each waits 0.3 s
+    # two model calls before the first token (the tool call, then the answer), each waits 0.3 s: the
+    # request waited for both, the answer's own time to first token counts from its turn of the agent
     ttft = stream.attributes[semconv.STREAM_TTFT_MS]
     ttft_request = stream.attributes[semconv.STREAM_TTFT_REQUEST_MS]
-    assert 2 * FIRST_TOKEN_DELAY_S * 1e3 <= ttft <= ttft_request <= client_ttft * 1e3 + 50
+    assert ttft >= FIRST_TOKEN_DELAY_S * 1e3 and ttft_request - ttft >= FIRST_TOKEN_DELAY_S * 1e3
+    assert ttft_request <= client_ttft * 1e3 + 50
     failed = failing_checkpoints(spans, stream)
     assert [(c.attributes[semconv.CHECKPOINT_CHAR_START], c.attributes[semconv.CHECKPOINT_CHAR_END])
             for c in failed] == [(len(GROUNDED), len(ANSWER))]

@@ -52,7 +52,7 @@ def test_the_local_judges_explanation_loses_the_answer_text() -> None:
     explanation = local_explanation()
     assert "painted gold" in explanation  # what would leave the process
     scrubbed = scrub_explanation(explanation, capture=False)
-    assert scrubbed is not None and scrubbed.startswith("1/2 claims supported")
+    assert scrubbed is not None and scrubbed.startswith("1 of 2 sentences unsupported")
     for word in ("painted", "gold", "Napoleon", "1740"):
         assert word not in scrubbed
 
@@ -71,7 +71,7 @@ def test_langfuse_comments_carry_no_quoted_text_with_capture_off() -> None:
         off.shutdown()
         on.shutdown()
     first, second = scores_of(seen)
-    assert first["comment"] == "1/2 claims supported; unsupported"
+    assert first["comment"] == "1 of 2 sentences unsupported, 0 uncertain"
     assert second["comment"] == explanation  # capture on: unchanged
 
 
@@ -79,7 +79,7 @@ def test_phoenix_explanations_carry_no_quoted_text_with_capture_off() -> None:
     explanation = local_explanation()
     rec = record(1, scores=(Score(semconv.FAITHFULNESS, 0.5, "fail", explanation),))
     assert annotation(rec, rec.scores[0], capture_content=False)["result"]["explanation"] == (
-        "1/2 claims supported; unsupported"
+        "1 of 2 sentences unsupported, 0 uncertain"
     )
     with serve(always(Reply(200))) as srv:
         sink = PhoenixAnnotationSink(srv.url, capture_content=False, **FAST)
@@ -89,7 +89,8 @@ def test_phoenix_explanations_carry_no_quoted_text_with_capture_off() -> None:
         sink.shutdown()
     (data,) = req.json()["data"]
     assert "gold" not in req.body.decode()
-    assert data["result"] == {"score": 0.5, "label": "fail", "explanation": "1/2 claims supported; unsupported"}
+    assert data["result"] == {"score": 0.5, "label": "fail",
+                              "explanation": "1 of 2 sentences unsupported, 0 uncertain"}
 
 
 def test_sinks_from_env_follow_streamjudge_capture_content() -> None:

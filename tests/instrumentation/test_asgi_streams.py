@@ -59,7 +59,8 @@ async def _answer(request: Request | WebSocket, text: str, delay_s: float) -> As
 
 def _params(request: Request) -> tuple[str, float]:
     q = request.query_params
-    text = {"grounded": GROUNDED, "invented": INVENTED, "long": LONG}[q.get("answer", "grounded")]
+    text = {"grounded": GROUNDED, "invented": INVENTED, "long": LONG,
+            "invented_early": f"{INVENTED} {LONG}"}[q.get("answer", "grounded")]
     return text, float(q.get("delay", "0.002"))
 
 

@@ -359,7 +359,11 @@ def test_a_killed_worker_loses_only_what_it_held_the_gateway_retries_the_rest(
     received = Counter((s.trace_id, s.span_id) for spans in sinks.values() for s in spans)
     by_trace = owners(sinks)
 
-    assert not {k for k, n in received.items() if n > 1}, "a retried batch was exported twice"
+    # at least once: the victim forwards what it does not judge before it acknowledges a request, so a
+    # request it had forwarded but not yet acknowledged when killed is retried and exported again; that
+    # can only be a request routed to the victim
+    twice = {k for k, n in received.items() if n > 1}
+    assert all(by_trace.get(t) == {victim.name} for t, _ in twice), "a batch of another worker came twice"
     lost = set(sent) - set(received)
     lost_traces = {t for t, _ in lost}
     # what a SIGKILL loses is what the victim held in memory: acknowledged, not yet exported. It is

@@ -72,42 +72,10 @@ ENFORCED_REASON = getattr(semconv, "ACTION_ENFORCED_REASON", "streamjudge.action
 
 #: (shape, action, mode, client events) -> why the cell fails on today's code (glob patterns: "*" is any)
 FAILING_TODAY: dict[tuple[str, str, str, str], str] = {
-    # (d) LangChain without LangGraph: judged and flagged through the model tap, which drives the guard as
-    # for (a), with the same stop/regenerate defects; with events on, a retract follows the continuation's
-    # first frame
-    ("lcel", "stop", "*", "*"): "as async_graph: fallback missing from the span; terminal frame dropped or "
-        "grounded sentence withheld",
-    ("lcel", "regenerate", "*", "*"): "as async_graph; with events on the retract follows the continuation's "
-        "first frame",
-    # (a) async graph node and (c) ReAct agent: the model tap drives the guard
-    ("async_graph", "stop", "stream_first", "off"): "span answer lacks the fallback the client received",
-    ("async_graph", "stop", "stream_first", "on"): "app's terminal frame dropped; span answer lacks the fallback",
-    ("async_graph", "stop", "hold_back", "off"): "grounded sentence of the failing window withheld (client "
-        "gets only the fallback); span answer holds the invented sentence the client never saw",
-    ("async_graph", "stop", "hold_back", "on"): "app's terminal frame dropped; grounded sentence withheld",
-    ("async_graph", "regenerate", "stream_first", "off"): "span answer is the retracted text, but with client "
-        "events off the client kept the invented sentence",
-    ("async_graph", "regenerate", "hold_back", "*"): "grounded sentence withheld: re-prompted from an empty "
-        "prefix, the client gets only the continuation",
-    ("react", "stop", "stream_first", "off"): "span answer lacks the fallback the client received",
-    ("react", "stop", "stream_first", "on"): "app's terminal frame dropped; span answer lacks the fallback",
-    ("react", "stop", "hold_back", "off"): "grounded sentence of the failing window withheld (client gets only "
-        "the fallback); span answer holds the invented sentence the client never saw",
-    ("react", "stop", "hold_back", "on"): "app's terminal frame dropped; grounded sentence withheld",
-    ("react", "regenerate", "stream_first", "off"): "span answer is the retracted text, but with client events "
-        "off the client kept the invented sentence",
-    ("react", "regenerate", "hold_back", "*"): "grounded sentence withheld: re-prompted from an empty prefix, "
-        "the client gets only the continuation",
-    # (b) sync graph node: the sync model call is not tapped
-    ("sync_graph", "stop", "*", "off"): "stop not enforced: whole answer delivered, invented sentence included",
-    ("sync_graph", "stop", "*", "on"): "app's terminal frame dropped; invented sentence delivered",
-    ("sync_graph", "regenerate", "*", "*"): "no regeneration (verdict flagged) and no enforced=false",
-    # (e) body-fed streams (instrument_app + token_extractor)
-    ("body_*", "*", "hold_back", "*"): "a body cannot hold back, and the span does not say enforced=false",
-    ("body_*", "regenerate", "*", "*"): "a body cannot regenerate, and the span does not say enforced=false",
-    ("body_sse", "stop", "stream_first", "on"): "app's terminal frame dropped",
-    ("body_ndjson", "stop", "stream_first", "on"): "app's terminal frame dropped",
-    ("body_ws", "stop", "stream_first", "off"): "stop not enforced on the socket, span answer says it was",
+    # (d) LangChain without LangGraph: the retraction reaches the wrapper after the continuation's first
+    # frame (the wrapper sends the guard's events after the frame it forwards), so the client's text loses
+    # that frame's word
+    ("lcel", "regenerate", "stream_first", "on"): "the retract follows the continuation's first frame",
 }
 
 

@@ -176,7 +176,7 @@ class StreamJudgeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         from streamjudge.instrumentation._model import ModelPatcher
 
         self._models: ModelPatcher | None = ModelPatcher()
-        for attr in ("astream", "_agenerate_with_cache"):
+        for attr in ("astream", "_agenerate_with_cache", "stream", "_generate_with_cache"):
             if attr in vars(BaseChatModel):
                 wrap_function_wrapper(BaseChatModel, attr, self._models.caller_wrapper)  # type: ignore[union-attr]
                 self._patched.append((BaseChatModel, attr))

@@ -15,14 +15,15 @@ are awaited after the body ended. With ``client_events`` on, the guard's ``warni
 frames only, so the bytes of a frame split across chunks go out when it is complete), and the app's
 terminal frame (``event: done``, ``data: [DONE]``, a ``{"type": "done"}`` line …; ``terminal_frames``) is
 held back until the tail checkpoint was judged (bounded by ``end_wait_s``) and its events were sent. A stop
-of a body-fed stream ends the body; a client that disconnects ends the stream span with ``disconnected``
-and cancels its queued judge work.
+of a body-fed stream drops the rest of the app's answer up to its terminal frame, which still goes out
+(a stream the graph feeds was stopped where its tokens are born); a client that disconnects ends the
+stream span with ``disconnected`` and cancels its queued judge work. The stream span ends before the
+body's last message, which ends the request's span.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fnmatch
 import json
 import logging
@@ -49,6 +50,7 @@ from streamjudge.instrumentation._sse import (
     render_sse,
     render_sse_data,
 )
+from streamjudge.judging.guard import AsyncWaker, end_wait
 
 if TYPE_CHECKING:
     from streamjudge.judging.guard import StreamEvent
@@ -120,28 +122,18 @@ async def finish_stream(binding: StreamBinding, *, wait_s: float | None = None) 
     if session is None:
         return binding.finish()
     loop = asyncio.get_running_loop()
-    woke = asyncio.Event()
-
-    def notify() -> None:
-        with contextlib.suppress(RuntimeError):  # loop closed: nobody waits any more
-            loop.call_soon_threadsafe(woke.set)
-
+    waker = AsyncWaker(loop)
     events: list[StreamEvent] = []
-    session.set_notify(notify)
+    session.set_notify(waker.notify)
     try:
         if not session.stopped:
             session.close_tail()
-            deadline = loop.time() + (session.settings.end_wait_s if wait_s is None else wait_s)
-            while not session.stopped:
-                if binding.has_events:
-                    events.extend(binding.take_events())
-                remaining = deadline - loop.time()
-                if not session.outstanding or remaining <= 0:
-                    break
-                woke.clear()
-                if not session.has_events:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(woke.wait(), remaining)
+            for step in end_wait(session, wait_s=wait_s, ready=lambda: binding.has_events,
+                                 take=binding.take_events, clock=loop.time):
+                if isinstance(step, list):
+                    events.extend(step)
+                else:
+                    await waker.wait(None, step)
         events.extend(binding.take_events())
     finally:
         session.set_notify(None)
@@ -235,6 +227,7 @@ class StreamJudgeMiddleware:
                 own_span.end()
             return None, None
         binding = StreamBinding(span_ctx.trace_id, owner=owner, parent=ctx, request_start_ns=start_ns)
+        binding.client_events = self._client_events
         _binding.bind(binding)
         return binding, own_span
 
@@ -304,7 +297,8 @@ class StreamJudgeMiddleware:
 class _HttpResponse:
     """One watched HTTP response: reads the answer's tokens from its body (when no graph feeds them),
     injects the guard's events between whole frames when client events are on, holds the app's terminal
-    frame until the last verdicts are in, and makes a stop look like a client disconnect to the app."""
+    frame until the last verdicts are in, and after a stop of a body-fed stream drops the app's answer up to
+    its terminal frame."""
 
     def __init__(
         self, mw: StreamJudgeMiddleware, binding: StreamBinding, receive: Receive, send: Send
@@ -321,10 +315,9 @@ class _HttpResponse:
         self._line_buf = b""
         self._mode: FrameKind | None = None
         self._started = False
-        self._ended = False  # the body was ended by a stop: later sends of the app are dropped
+        # after a stop of a body-fed stream: the app's frames are dropped up to its terminal frame
+        self._swallow = False
         self._body_done = False  # the last body message went out
-        # created now, not at the response start: a response may wait in receive() before it starts
-        self._stop_wake = asyncio.Event()
         self._sse_style: FrameKind = "sse"  # "sse-data" once the app's first frame turns out data-only
         self._styled = False
 
@@ -338,10 +331,33 @@ class _HttpResponse:
             if isinstance(body, bytes | bytearray):
                 await self._send_body(bytes(body), True)
 
-    async def _end_body(self) -> None:
-        self._ended = True
-        await self._send_body(b"", False)
-        self._stop_wake.set()  # tells the response a "disconnect" happened, so it stops producing
+    async def _swallowed(self, body: bytes, more: bool) -> None:
+        # the rest of a stopped answer: nothing of it goes out but the app's terminal frame (and what
+        # follows it), after the stream's last events
+        parser = self._parser
+        if parser is not None:
+            complete, _, at = parser.feed_split(body, False) if body else (b"", [], -1)
+        elif self._mode == "ndjson":
+            complete, at = self._split_ndjson(body) if body else (b"", -1)
+        else:
+            complete, at = b"", -1
+        tail = complete[at:] if at >= 0 else b""
+        if not more:
+            tail += parser.flush() if parser is not None else self._line_buf
+            self._line_buf = b""
+        if at < 0 and more:
+            return
+        self._swallow = False
+        if self._binding.session is not None:
+            await self._send_events(await finish_stream(self._binding))
+        self._body_done = not more
+        await self._send_body(tail, more)
+
+    def _check_stop(self) -> None:
+        # a graph-fed stream was stopped where its tokens are born (the node got the fallback): the app's
+        # own frames after it still go out. A body-fed one can only drop the rest of the app's answer
+        if self._binding.stopped and self._binding.source == "body" and not self._body_done:
+            self._swallow = True
 
     def _split_ndjson(self, body: bytes) -> tuple[bytes, int]:
         # whole lines only (a reader cannot use half a line); the terminal line's offset or -1
@@ -388,21 +404,30 @@ class _HttpResponse:
                 self._split_ndjson(bytes(body))
             elif self._mode == "text" and (more or binding.source == "body"):  # a streamed text body
                 binding.feed(bytes(body).decode("utf-8", "replace"), "body")
-        await self._send(message)
-        if more and binding.stopped and binding.source == "body":
-            await self._end_body()
+        if not more and binding.session is not None:
+            # the stream span ends inside the request's: the app's bytes go out now, the body's end after
+            # the last verdicts (which land on the span; nothing is sent)
+            if body:
+                await self._send({**message, "more_body": True})
+            # the app's answer is complete: a client that leaves now (at the app's terminal frame) has it all
+            self._body_done = True
+            await finish_stream(binding)
+            await self._send({**message, "body": b""} if body else message)
             return
+        await self._send(message)
+        if binding.has_events:
+            binding.take_events()  # client events are off: the guard's events act, nothing is sent
         if not more:
             self._body_done = True
-            if binding.session is not None:
-                await finish_stream(binding)  # verdicts in flight land on the span; nothing is sent
+        self._check_stop()
 
     async def send(self, message: Message) -> None:
         """The app's ``send``."""
-        if self._ended:
-            return
         binding, terminal = self._binding, self._terminal
         mtype = message["type"]
+        if self._swallow and mtype == "http.response.body":
+            await self._swallowed(bytes(message.get("body", b"")), message.get("more_body", False))
+            return
         if mtype == "http.response.body" and self._mode is not None and not self._events_on:
             await self._pass_through(message)
             return
@@ -420,6 +445,17 @@ class _HttpResponse:
             await self._send(message)
             return
         if mtype != "http.response.body" or self._mode is None:
+            if (mtype == "http.response.body" and not message.get("more_body", False)
+                    and binding.session is not None):
+                # an answer in a body that is not a stream (a JSON endpoint): its stream span ends inside
+                # the request's, whose span the body's last message ends; the client has every byte first
+                body = message.get("body", b"")
+                if body:
+                    await self._send({**message, "more_body": True})
+                self._body_done = True
+                await finish_stream(binding)
+                await self._send({**message, "body": b""} if body else message)
+                return
             await self._send(message)
             return
         body = message.get("body", b"")
@@ -448,8 +484,7 @@ class _HttpResponse:
             # never inside an app frame that is still passing through (one over the parser's cap)
             if binding.has_events and not (parser is not None and parser.pending):
                 await self._send_events(binding.take_events())
-            if binding.stopped:
-                await self._end_body()
+            self._check_stop()
             return
         # the app's terminal frame or the body's end: the stream's last events go out before either
         held = b""
@@ -469,26 +504,12 @@ class _HttpResponse:
             await self._send_body(held, more)
 
     async def receive(self) -> Message:
-        """The app's ``receive``: a stop looks like the client going away."""
-        if self._started and self._mode is None:
-            return await self._receive()  # not a stream: nothing to watch
-        # a streaming response listens for the client going away; a stop must look like that too
-        if self._stop_wake.is_set():
-            return {"type": "http.disconnect"}
-        recv = asyncio.ensure_future(self._receive())
-        waiter = asyncio.ensure_future(self._stop_wake.wait())
-        try:
-            await asyncio.wait({recv, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            if not recv.done():
-                recv.cancel()
-        if recv.done() and not recv.cancelled():
-            message = recv.result()
-            if message["type"] == "http.disconnect" and not self._ended and not self._body_done:
-                self._binding.abort("disconnected")
-            return message
-        return {"type": "http.disconnect"}
+        """The app's ``receive``: the client going away mid-answer ends the answer stream."""
+        message = await self._receive()
+        if message["type"] == "http.disconnect" and not self._body_done and not (
+                self._started and self._mode is None):
+            self._binding.abort("disconnected")
+        return message
 
 
 class _WebSocket:
@@ -546,15 +567,15 @@ class _WebSocket:
                     await self._send(message)
                 return
             tok = extract_from_json(payload, self._mw._path) if payload is not None else text
-            if self._swallow and tok and self._events_on:
+            if self._swallow and tok:
                 return
             if tok and binding.source != "graph":
                 binding.feed(tok, "body")
             await self._send(message)
             if binding.has_events:
                 await self._send_events(binding.take_events())
-            if binding.stopped:
-                self._swallow = True
+            if binding.stopped and binding.source == "body":
+                self._swallow = True  # a graph-fed stream was stopped at its model: its frames go on
             return
         if mtype == "websocket.close" and binding.session is not None:
             await self._send_events(await finish_stream(binding, wait_s=0.0))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from opentelemetry import context as otel_context
 
 if TYPE_CHECKING:
+    from streamjudge.config import Settings
     from streamjudge.judging.guard import GuardSession, RegenerateRequest, StreamEvent, TokenSource
 
 #: ``app``: the application guards this answer itself (its own ``guard()``): the wrappers step aside
@@ -45,8 +47,9 @@ _opening = threading.local()  # the binding whose own session is being opened on
 class StreamBinding:
     """The guard session of one answer stream, opened lazily at its first token."""
 
-    __slots__ = ("_attributes", "_lock", "_name", "_parent", "_pending", "closed", "ctx_token", "driver",
-                 "node_start_ns", "owner", "regenerate", "request_start_ns", "session", "source", "trace_id")
+    __slots__ = ("_attributes", "_lock", "_name", "_parent", "_pending", "client_events", "closed",
+                 "ctx_token", "driver", "node_start_ns", "owner", "regenerate", "request_start_ns", "session",
+                 "source", "trace_id")
 
     def __init__(
         self,
@@ -76,6 +79,8 @@ class StreamBinding:
         self._attributes = dict(attributes or {})
         self._pending: list[StreamEvent] = []
         self._lock = threading.Lock()
+        #: the wrapper delivers the guard's events to the client (a retraction can reach it)
+        self.client_events = True
         #: set by :func:`bind`: restores the context's previous stream at :func:`unbind`
         self.ctx_token: contextvars.Token[StreamBinding | None] | None = None
 
@@ -140,8 +145,9 @@ class StreamBinding:
                 return
             if self.source is None:
                 self.source = source
-            if not self.node_start_ns:
-                self.node_start_ns = time.time_ns()
+            # the latest answer-node run before the first token: an agent's tool-calling turn is not
+            # the answer's start (its answer turn is)
+            self.node_start_ns = time.time_ns()
 
     def ensure_session(self) -> GuardSession:
         """The session, opened now if this is the stream's first token."""
@@ -149,28 +155,40 @@ class StreamBinding:
             return self.session if self.session is not None else self._open()
 
     def _open(self) -> GuardSession:
-        from streamjudge import semconv
         from streamjudge.judging.guard import GuardSession
 
-        first_token_ns = time.time_ns()  # the session opens on the stream's first token
         token = otel_context.attach(self._parent) if self._parent is not None else None
         _opening.binding = self
         try:
             # only a model tap can re-prompt; without one the guard flags instead (and says so)
             regen = self._regenerate if self.driver is not None else None
+            settings, why = self._settings()
             session = GuardSession(name=self._name, attributes=self._attributes or None, regenerate=regen,
-                                   start_time_ns=self.node_start_ns or self.request_start_ns)
+                                   start_time_ns=self.node_start_ns or self.request_start_ns,
+                                   request_start_ns=self.request_start_ns, settings=settings)
+            session.retracts_shown = self.client_events
+            if why:
+                session.not_enforced(why)
             self._pending.extend(session.start())
         finally:
             _opening.binding = None
             if token is not None:
                 otel_context.detach(token)
-        span = session.span
-        if span is not None:
-            span.set_attribute(semconv.STREAM_TTFT_REQUEST_MS,
-                               round((first_token_ns - self.request_start_ns) / 1e6, 3))
         self.session = session
         return session
+
+    def _settings(self) -> tuple[Settings | None, str]:
+        # a body-fed stream's frames went out before their verdicts: it cannot hold back (it runs
+        # stream-first, and says so); nor can it re-prompt a model it does not see
+        if self.source != "body":
+            return None, ""
+        from streamjudge.judging.guard import default_settings
+
+        settings = default_settings()
+        if settings is None or settings.mode != "hold_back":
+            return None, ""
+        return (dataclasses.replace(settings, mode="stream_first"),
+                "hold_back: the app's frames carry the tokens and went out before their verdicts")
 
     def _regenerate(self, req: RegenerateRequest) -> TokenSource:
         regen = self.regenerate
@@ -257,9 +275,9 @@ def active_count() -> int:
 
 
 def _register() -> None:
-    from streamjudge.judging import _backend
+    from streamjudge.judging.guard import on_stream_start
 
-    _backend.on_stream_start(claim_for_app)
+    on_stream_start(claim_for_app)
 
 
 _register()

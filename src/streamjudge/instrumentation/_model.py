@@ -25,15 +25,17 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from wrapt import wrap_function_wrapper
 
 from streamjudge.instrumentation._binding import StreamBinding
+from streamjudge.judging.guard import AsyncWaker, SourceStep, end_wait, wait_step
 
 if TYPE_CHECKING:
-    from streamjudge.judging._drivers import AsyncWaker
     from streamjudge.judging.guard import GuardSession, RegenerateRequest, StreamEvent
 
 _log = logging.getLogger(__name__)
@@ -61,12 +63,13 @@ class ModelPatcher:
         if cls in self._seen:
             return
         self._seen.add(cls)
-        for owner in cls.__mro__:
-            if "_astream" in vars(owner):
-                if not hasattr(vars(owner)["_astream"], "__wrapped__"):
-                    wrap_function_wrapper(owner, "_astream", astream_wrapper)
-                    self.patched.append((owner, "_astream"))
-                return
+        for name, wrapper in (("_astream", astream_wrapper), ("_stream", stream_wrapper)):
+            for owner in cls.__mro__:
+                if name in vars(owner):
+                    if not hasattr(vars(owner)[name], "__wrapped__"):
+                        wrap_function_wrapper(owner, name, wrapper)
+                        self.patched.append((owner, name))
+                    break
 
     def caller_wrapper(self, wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
         """Around ``astream`` / ``_agenerate_with_cache``: make sure the model's class is tapped.
@@ -78,7 +81,7 @@ class ModelPatcher:
         try:
             self.ensure(type(instance))
             if (
-                wrapped.__name__ == "_agenerate_with_cache"
+                wrapped.__name__ in ("_agenerate_with_cache", "_generate_with_cache")
                 and "stream" not in kwargs
                 and _armed.get() is not None
                 and _acts()
@@ -104,14 +107,28 @@ def _streams(cls: type) -> bool:
         getattr(cls, "_stream", None) is not getattr(BaseChatModel, "_stream", None))
 
 
-def astream_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+def _take_armed() -> StreamBinding | None:
     binding = _armed.get()
     if binding is None:
-        return wrapped(*args, **kwargs)
+        return None
     _armed.set(None)  # one model call takes it (a super()._astream inside is not tapped twice)
     if binding.closed or binding.driver is not None or binding.source not in (None, "graph"):
+        return None
+    return binding
+
+
+def astream_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    binding = _take_armed()
+    if binding is None:
         return wrapped(*args, **kwargs)
     return _Tap(binding, wrapped, args, kwargs).run()
+
+
+def stream_wrapper(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    binding = _take_armed()
+    if binding is None:
+        return wrapped(*args, **kwargs)
+    return _SyncTap(binding, wrapped, args, kwargs).run()
 
 
 def chunk_text(chunk: Any) -> str:
@@ -148,8 +165,8 @@ def reprompt(messages: Sequence[Any], req: RegenerateRequest) -> list[Any]:
     return out
 
 
-class _Tap:
-    """Drives one answer stream's guard session over one chat-model stream."""
+class _TapBase:
+    """What the async and the sync tap share: opening the session, applying its events, regenerating."""
 
     def __init__(self, binding: StreamBinding, wrapped: Callable[..., Any], args: Any, kwargs: Any) -> None:
         self.binding = binding
@@ -160,33 +177,141 @@ class _Tap:
         self.accepted: list[str] = []  # the answer text since the last regeneration's prefix
         self.released = 0  # chars of it the node received
         self.like: Any = None  # a chunk of this model, for re-chunked text
-        # a verdict wakes the loop only while the tap sleeps on one (see AsyncWaker): while tokens flow the
-        # tap reads the inbox after every chunk anyway, and each cross-thread wake-up costs a syscall, a loop
-        # iteration and a GIL hand-off
-        self._waker: AsyncWaker | None = None
+        self.meta: list[Any] = []  # text-less chunks that arrived while text was held
         self._deferring = False  # the tap set the session's deferral (and removes it when it ends)
 
-    def _regenerate(self, req: RegenerateRequest) -> AsyncIterator[Any]:
+    def _begin(self) -> None:
+        binding = self.binding
+        binding.driver = self
+        binding.source = "graph"
+        binding.regenerate = self._regenerate
+
+    def _end(self) -> None:
+        s = self.session
+        if s is not None:
+            s.set_notify(None)
+            if self._deferring:
+                # the spans of windows still waiting for the loop go out now: whatever feeds the
+                # session after this tap (another model call, the graph's callbacks) sends inline
+                s.set_deferral(None)
+                self._deferring = False
+        self.binding.driver = None
+        self.binding.regenerate = None
+
+    def _regenerate(self, req: RegenerateRequest) -> Any:
         args, kwargs = self.args, dict(self.kwargs)
         if args:
             messages = args[0]
             args = (reprompt(messages, req), *args[1:])
         else:
             kwargs["messages"] = reprompt(kwargs["messages"], req)
-        return self.wrapped(*args, **kwargs)  # type: ignore[no-any-return]
+        return self.wrapped(*args, **kwargs)
+
+    def _open(self, notify: Callable[[], None],
+              defer: Callable[[Callable[[], None]], object] | None) -> GuardSession:
+        s = self.binding.ensure_session()
+        self.session = s
+        s.set_notify(notify)
+        if defer is not None and not s.defers:
+            # checkpoint spans and judge requests are made when the loop next runs, not between two chunks
+            # of the model's stream; the windows a chunk burst closes go out as one checkpoint (the tap
+            # runs on the loop, and while it drives nothing else feeds the session)
+            s.set_deferral(defer)
+            self._deferring = True
+        return s
+
+    def _held(self) -> bool:
+        return self.released < sum(map(len, self.accepted))
+
+    def _waits(self, s: GuardSession) -> bool:
+        # hold-back must see its last window judged; stop / regenerate can only act while the model's
+        # stream is open; a graph run without a server has nobody else to wait for its verdicts
+        return s.hold_back or s.settings.action != "flag" or self.binding.owner == "graph"
+
+    def _keeps(self, s: GuardSession | None, chunk: Any) -> bool:
+        """A chunk without text: whether it waits behind held text (else it goes on at once)."""
+        if s is not None and s.hold_back and self._held():
+            self.meta.append(chunk)
+            return True
+        return False
+
+    def _accept(self, s: GuardSession, text: str, chunk: Any) -> Any:
+        """Feed one text chunk; the chunk when the node gets it now (stream-first), else None."""
+        if self.like is None:
+            self.like = chunk
+        if s.accept(text) is None:
+            return None
+        self.accepted.append(text)
+        if s.hold_back:
+            return None
+        self.released += len(text)
+        return chunk
+
+    def _tail(self) -> list[Any]:
+        """The model's stream ended: what is still held (released fail-open) and the held text-less
+        chunks."""
+        out: list[Any] = []
+        s = self.session
+        if s is not None and s.hold_back and not s.stopped:
+            rest = "".join(self.accepted)[self.released:]
+            if rest:  # not judged in time: released fail-open (the span says why)
+                self.released += len(rest)
+                out.append(_text_chunk(rest, self.like))
+        out.extend(self.meta)
+        self.meta = []
+        return out
+
+    def _drained(self) -> list[Any]:
+        s = self.session
+        return self._apply(s.drain()) if s is not None else []
+
+    def _apply(self, events: list[StreamEvent]) -> list[Any]:
+        """Chunks for the node (released text, the fallback); client events go to the wrapper."""
+        out: list[Any] = []
+        client: list[StreamEvent] = []
+        for ev in events:
+            kind = ev.type
+            if kind == "token":
+                if ev.text:
+                    self.released += len(ev.text)
+                    out.append(_text_chunk(ev.text, self.like))
+            elif kind in _CLIENT_EVENTS:
+                client.append(ev)
+                if kind == "stop" and ev.text:
+                    shown = "".join(self.accepted)[: self.released]
+                    sep = " " if shown and not shown[-1].isspace() else ""
+                    out.append(_text_chunk(sep + ev.text, self.like))
+                    if self.session is not None:
+                        self.session.note_delivered(sep + ev.text)
+        if client:
+            self.binding.post(client)
+        return out
+
+    def _next_source(self, s: GuardSession) -> Any:
+        req = s.begin_regeneration()
+        self.accepted = [req.accepted_prefix] if req.accepted_prefix else []
+        if s.hold_back:
+            self.released = len(req.accepted_prefix)  # what passed of the rejected text was released
+        else:
+            self.released = sum(map(len, self.accepted))
+        return s.open_regeneration(req)
+
+
+class _Tap(_TapBase):
+    """Drives one answer stream's guard session over one async chat-model stream."""
+
+    def __init__(self, binding: StreamBinding, wrapped: Callable[..., Any], args: Any, kwargs: Any) -> None:
+        super().__init__(binding, wrapped, args, kwargs)
+        # a verdict wakes the loop only while the tap sleeps on one (see AsyncWaker): while tokens flow the
+        # tap reads the inbox after every chunk anyway, and each cross-thread wake-up costs a syscall, a loop
+        # iteration and a GIL hand-off
+        self._waker: AsyncWaker | None = None
 
     async def run(self) -> AsyncIterator[Any]:
-        binding = self.binding
-        binding.driver = self
-        binding.source = "graph"
-        binding.regenerate = self._regenerate
-        from streamjudge.judging._drivers import AsyncWaker, SourceStep, wait_step
-
+        self._begin()
         source: AsyncIterator[Any] = aiter(self.wrapped(*self.args, **self.kwargs))
         loop = asyncio.get_running_loop()
         waker = self._waker = AsyncWaker(loop)
-
-        meta: list[Any] = []  # text-less chunks that arrived while text was held
         step: SourceStep | None = None  # the model's next chunk, asked for while text is held
         ok = False
         try:
@@ -202,7 +327,7 @@ class _Tap:
                             step.abandon()
                             step = None
                         await _aclose(source)
-                        source = self._begin_regeneration(s)
+                        source = aiter(self._next_source(s))
                         continue
                 try:
                     if step is None and not (s is not None and s.hold_back and s.outstanding):
@@ -225,36 +350,23 @@ class _Tap:
                         break
                     # the model is done: the last window is judged before the node gets the rest
                     s.close_tail()
-                    switched = False
-                    deadline = loop.time() + s.settings.end_wait_s
-                    while not s.stopped:
-                        if s.has_events:
-                            for out in self._apply(s.drain()):
+                    for wait in end_wait(s, take=self._drained, clock=loop.time):
+                        if isinstance(wait, list):
+                            for out in wait:
                                 yield out
-                            if s.regen_request is not None:
-                                source = self._begin_regeneration(s)
-                                switched = True
-                                break
-                            continue
-                        remaining = deadline - loop.time()
-                        if not s.outstanding or remaining <= 0:
-                            break
-                        if not s.has_events:
-                            await waker.wait(None, remaining)
-                    if switched:
+                        else:
+                            await waker.wait(None, wait)
+                    if s.regen_request is not None and not s.stopped:
+                        source = aiter(self._next_source(s))
                         continue
                     break
                 text = chunk_text(chunk)
                 if not text:
-                    if s is not None and s.hold_back and self._held():
-                        meta.append(chunk)
-                    else:
+                    if not self._keeps(s, chunk):
                         yield chunk
                     continue
-                if self.like is None:
-                    self.like = chunk
                 if s is None:
-                    s = self._open(waker.notify)
+                    s = self._open(waker.notify, loop.call_soon)
                     if s.span is None or not s.span.is_recording():
                         # unsampled: no verdict will ever come, so the guard stays out of the way
                         yield chunk
@@ -268,56 +380,18 @@ class _Tap:
                         yield out
                     if s.stopped:
                         break
-                if s.accept(text) is None:
-                    continue
-                self.accepted.append(text)
-                if not s.hold_back:
-                    self.released += len(text)
-                    yield chunk
-            s = self.session
-            if s is not None and s.hold_back and not s.stopped:
-                rest = "".join(self.accepted)[self.released:]
-                if rest:  # not judged in time: released fail-open (the span says why)
-                    self.released += len(rest)
-                    yield _text_chunk(rest, self.like)
-            for c in meta:
-                yield c
+                out = self._accept(s, text, chunk)
+                if out is not None:
+                    yield out
+            for out in self._tail():
+                yield out
             ok = True
         finally:
             if step is not None:
                 step.abandon()
             if not ok or (self.session is not None and self.session.stopped):
                 await _aclose(source)
-            if self.session is not None:
-                self.session.set_notify(None)
-                if self._deferring:
-                    # the spans of windows still waiting for the loop go out now: whatever feeds the
-                    # session after this tap (another model call, the graph's callbacks) sends inline
-                    self.session.set_deferral(None)
-                    self._deferring = False
-            binding.driver = None
-            binding.regenerate = None
-
-    # --- helpers -------------------------------------------------------------------------------------
-    def _open(self, notify: Callable[[], None]) -> GuardSession:
-        s = self.binding.ensure_session()
-        self.session = s
-        s.set_notify(notify)
-        if not s.defers:
-            # checkpoint spans and judge requests are made when the loop next runs, not between two chunks
-            # of the model's stream; the windows a chunk burst closes go out as one checkpoint (the tap
-            # runs on the loop, and while it drives nothing else feeds the session)
-            s.set_deferral(asyncio.get_running_loop().call_soon)
-            self._deferring = True
-        return s
-
-    def _held(self) -> bool:
-        return self.released < sum(map(len, self.accepted))
-
-    def _waits(self, s: GuardSession) -> bool:
-        # hold-back must see its last window judged; stop / regenerate can only act while the model's
-        # stream is open; a graph run without a server has nobody else to wait for its verdicts
-        return s.hold_back or s.settings.action != "flag" or self.binding.owner == "graph"
+            self._end()
 
     async def _wait_preflight(self, s: GuardSession) -> None:
         waker = self._waker
@@ -327,35 +401,84 @@ class _Tap:
         while s.preflight_pending and not s.has_events and loop.time() < deadline:
             await waker.wait(None, deadline - loop.time())
 
-    def _apply(self, events: list[StreamEvent]) -> list[Any]:
-        """Chunks for the node (released text, the fallback); client events go to the wrapper."""
-        out: list[Any] = []
-        client: list[StreamEvent] = []
-        for ev in events:
-            kind = ev.type
-            if kind == "token":
-                if ev.text:
-                    self.released += len(ev.text)
-                    out.append(_text_chunk(ev.text, self.like))
-            elif kind in _CLIENT_EVENTS:
-                client.append(ev)
-                if kind == "stop" and ev.text:
-                    shown = "".join(self.accepted)[: self.released]
-                    sep = " " if shown and not shown[-1].isspace() else ""
-                    out.append(_text_chunk(sep + ev.text, self.like))
-        if client:
-            self.binding.post(client)
-        return out
 
-    def _begin_regeneration(self, s: GuardSession) -> AsyncIterator[Any]:
-        req = s.begin_regeneration()
-        self.accepted = [req.accepted_prefix] if req.accepted_prefix else []
-        if s.hold_back:
-            self.released = len(req.accepted_prefix)  # the rejected window was never released
-        else:
-            self.released = sum(map(len, self.accepted))
-        return aiter(s.open_regeneration(req))  # type: ignore[arg-type]
+class _SyncTap(_TapBase):
+    """Drives one answer stream's guard session over one sync chat-model stream (a sync node, a sync
+    ``invoke`` / ``stream``). It cannot race a chunk against a verdict without a thread: verdicts are
+    applied before each chunk goes on, and at the model's end within the end-of-stream wait."""
 
+    def run(self) -> Iterator[Any]:
+        self._begin()
+        woke = threading.Event()
+        source: Iterator[Any] = iter(self.wrapped(*self.args, **self.kwargs))
+        ok = False
+        try:
+            while True:
+                s = self.session
+                if s is not None and s.has_events:
+                    yield from self._apply(s.drain())
+                    if s.stopped:
+                        break
+                    if s.regen_request is not None:
+                        _close(source)
+                        source = iter(self._next_source(s))
+                        continue
+                try:
+                    chunk = next(source)
+                except StopIteration:
+                    if s is None or not self._waits(s):
+                        break
+                    s.close_tail()
+                    for wait in end_wait(s, take=self._drained):
+                        if isinstance(wait, list):
+                            yield from wait
+                        else:
+                            woke.clear()
+                            if not s.has_events:
+                                woke.wait(wait)
+                    if s.regen_request is not None and not s.stopped:
+                        source = iter(self._next_source(s))
+                        continue
+                    break
+                text = chunk_text(chunk)
+                if not text:
+                    if not self._keeps(s, chunk):
+                        yield chunk
+                    continue
+                if s is None:
+                    s = self._open(woke.set, None)
+                    if s.span is None or not s.span.is_recording():
+                        yield chunk  # unsampled: the guard stays out of the way
+                        yield from source
+                        ok = True
+                        return
+                    deadline = time.monotonic() + s.settings.preflight_wait_s
+                    while s.preflight_pending and not s.has_events and time.monotonic() < deadline:
+                        woke.clear()
+                        if s.preflight_pending and not s.has_events:
+                            woke.wait(deadline - time.monotonic())
+                    if s.has_events:
+                        yield from self._apply(s.drain())
+                    if s.stopped:
+                        break
+                out = self._accept(s, text, chunk)
+                if out is not None:
+                    yield out
+            yield from self._tail()
+            ok = True
+        finally:
+            if not ok or (self.session is not None and self.session.stopped):
+                _close(source)
+            self._end()
+
+
+def _close(source: Iterator[Any]) -> None:
+    close = getattr(source, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:
+            _log.debug("streamjudge: closing the model stream failed", exc_info=True)
 
 
 async def _aclose(source: AsyncIterator[Any]) -> None:

@@ -6,6 +6,7 @@ each); a judge that does not score sentences fails the whole judged range instea
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,33 @@ def warning_data(verdict: Verdict, score: Score, threshold: float, action: str) 
         "explanation": score.explanation,
         "action": action,
     }
+
+
+_QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”')
+
+
+def withhold(data: dict[str, Any], text: str) -> str:
+    """Hold-back: remove the failing sentences' text from a warning's explanation and reasons (a judge
+    may quote what it could not support); returns the explanation the client may see."""
+    failing = [text[s["start"]:s["end"]] for s in data["sentences"]]
+
+    def clean(value: Any) -> Any:
+        if not isinstance(value, str) or not value:
+            return value
+        for sentence in failing:
+            if sentence:
+                value = value.replace(sentence, "…")
+
+        def quote(m: re.Match[str]) -> str:
+            inner = m.group(1) or m.group(2)
+            return '"…"' if any(inner.strip() and inner.strip() in f for f in failing) else m.group(0)
+
+        return _QUOTED.sub(quote, value)
+
+    data["explanation"] = clean(data["explanation"])
+    for s in data["sentences"]:
+        s["reason"] = clean(s["reason"])
+    return str(data["explanation"] or "")
 
 
 def passed_until(verdict: Verdict) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 
 from streamjudge._wakefd import WakeFd
 from streamjudge.judging._session import _TOKEN_EVENTS, GuardSession, StreamEvent, TokenSource, token_event
+from streamjudge.judging._windows import MAX_TOKEN_CHARS as _MAX_TOKEN
 from streamjudge.results import JudgeResult
 
 _log = logging.getLogger(__name__)
@@ -186,6 +187,20 @@ class AsyncWaker:
         fut = self._fut
         if fut is not None and not fut.done():
             fut.set_result(None)
+
+
+# the async driver's fast paths: a stream's start run while its source works on the first token (its
+# tokens at hand sent before it), a stream nothing judges passing plain tokens with a list append, and a
+# burst's tokens appended for the loop's next pass. Each does what the plain path does, at less cost per
+# token; off, every token takes the plain path (set_fast_paths: tests run both, and a suspected fast-path
+# bug can be ruled out in production)
+_fast_paths = True
+
+
+def set_fast_paths(on: bool) -> None:
+    """Switch the async driver's fast paths on or off for streams started from now on."""
+    global _fast_paths
+    _fast_paths = on
 
 
 # a source slower than this between tokens is raced against verdicts, so a warning is not held back
@@ -482,7 +497,8 @@ class GuardedStream:
         timer = 1  # tokens until the next timed one: the first token awaited with verdicts in flight
         step_started = 0.0
         first: Any = _NO_TOKEN  # the source's first token, when it was asked for before start()
-        late = s.prepare_late_start()
+        fast = _fast_paths  # see set_fast_paths
+        late = fast and s.prepare_late_start()
         # a token's event: the shared one of its text where there is one (see token_event), looked up here
         shared = _TOKEN_EVENTS.get
         burst = 0  # tokens appended to the session's held list by the main loop, not yet counted by it
@@ -517,7 +533,8 @@ class GuardedStream:
                         pre = s.early_sink()
                         if pre is not None:
                             async for tok in source:
-                                if not opened and tok.__class__ is str and tok and tok.isascii():
+                                if (not opened and tok.__class__ is str and tok and tok.isascii()
+                                        and len(tok) <= _MAX_TOKEN):
                                     pre.append(tok)
                                     early += 1
                                     yield shared(tok) or token_event(tok)
@@ -569,7 +586,7 @@ class GuardedStream:
                     await wait_step(step, waker, deadline - loop.time())
                     for ev in s.drain():
                         yield ev
-            if step is None and not s.judging and not hold and not s.stopped and not s.has_events:
+            if fast and step is None and not s.judging and not hold and not s.stopped and not s.has_events:
                 # nothing will judge this stream (sampled out, skipped at start), so no verdict can come
                 # and a token needs no more than the text kept for the answer span: after the first one
                 # (which accept() times) a plain token is a list append here, not a call into the session
@@ -694,7 +711,8 @@ class GuardedStream:
                         if isinstance(tok, str) and tok:
                             yield token_event(tok)
                         continue
-                    if s._holding and tok.__class__ is str and tok and tok.isascii() and s._n_tokens:
+                    if (fast and s._holding and tok.__class__ is str and tok and tok.isascii() and s._n_tokens
+                            and len(tok) <= _MAX_TOKEN):
                         # a burst: the session holds its tokens for the scan its deferred work runs on the
                         # loop's next pass (see GuardSession.accept), so a token of it needs nothing else
                         # until then: the burst's plain tokens are appended here, as a stream nothing judges
@@ -712,7 +730,7 @@ class GuardedStream:
                         tok = _NO_TOKEN
                         async for tok in source:
                             if (tok.__class__ is str and tok and tok.isascii() and s._holding
-                                    and not s.has_events):
+                                    and not s.has_events and len(tok) <= _MAX_TOKEN):
                                 held.append(tok)
                                 burst += 1
                                 yield shared(tok) or token_event(tok)
@@ -807,18 +825,7 @@ class GuardedStream:
                     outcome = "stopped"
                     break
                 s.close_tail()
-                deadline = time.monotonic() + s.settings.end_wait_s
-                while not s.stopped and s.regen_request is None:
-                    if s.has_events:
-                        yield from s.drain()
-                        if s.regen_request is not None:
-                            break
-                    remaining = deadline - time.monotonic()
-                    if not s.outstanding or remaining <= 0:
-                        break
-                    woke.clear()
-                    if not s.has_events:
-                        woke.wait(remaining)
+                yield from settle_sync(s, woke)
                 if s.regen_request is not None and not s.stopped:
                     # the last window failed after the source ended: regenerate from the good prefix
                     source = _regenerated(s, source)
@@ -839,6 +846,46 @@ class GuardedStream:
                 _close_sync(source)
 
 
+def end_wait(
+    session: GuardSession,
+    *,
+    wait_s: float | None = None,
+    ready: Callable[[], bool] | None = None,
+    take: Callable[[], list[StreamEvent]] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[list[StreamEvent] | float]:
+    """The one end-of-stream wait every driver runs after :meth:`GuardSession.close_tail`.
+
+    Yields lists of events to deliver, and numbers: seconds the driver waits for a verdict (woken early by
+    the session's notify callback). It ends when nothing is in flight (the pre-flight verdict included:
+    a fast source can end before it came, and it belongs on the span), at the deadline (``wait_s``,
+    default the session's ``end_wait_s``), at a stop, or when a regeneration is due (the driver
+    regenerates first; the new text gets its own wait). ``ready`` / ``take`` read the events (default:
+    the session's own; a binding passes what it keeps for its wrapper too).
+    """
+    ready = ready or (lambda: session.has_events)
+    take = take or session.drain
+    deadline = clock() + (session.settings.end_wait_s if wait_s is None else wait_s)
+    while not session.stopped:
+        if ready():
+            events = take()
+            if events:
+                yield events
+            if session.regen_request is not None:
+                return
+            continue
+        if not (session.outstanding or session.preflight_pending):
+            break
+        remaining = deadline - clock()
+        if remaining <= 0:
+            break
+        yield remaining
+    if ready():
+        events = take()
+        if events:
+            yield events
+
+
 async def settle(
     session: GuardSession, waker: AsyncWaker | None = None, wait_s: float | None = None
 ) -> AsyncIterator[StreamEvent]:
@@ -851,23 +898,28 @@ async def settle(
         waker = AsyncWaker(loop)
         session.set_notify(waker.notify)
     try:
-        deadline = loop.time() + (session.settings.end_wait_s if wait_s is None else wait_s)
-        while not session.stopped:
-            if session.has_events:
-                for ev in session.drain():
+        for step in end_wait(session, wait_s=wait_s, clock=loop.time):
+            if isinstance(step, list):
+                for ev in step:
                     yield ev
-            if session.regen_request is not None:
-                break  # the driver regenerates first; the new text gets its own wait
-            # the pre-flight verdict too: a fast source can end before it came, and it belongs on the span
-            if not (session.outstanding or session.preflight_pending) or loop.time() >= deadline:
-                break
-            await waker.wait(None, deadline - loop.time())
-        if session.has_events:
-            for ev in session.drain():
-                yield ev
+            else:
+                await waker.wait(None, step)
     finally:
         if own:
             session.set_notify(None)
+
+
+def settle_sync(
+    session: GuardSession, woke: threading.Event, wait_s: float | None = None
+) -> Iterator[StreamEvent]:
+    """:func:`settle` for a thread: ``woke`` is set by the session's notify callback."""
+    for step in end_wait(session, wait_s=wait_s):
+        if isinstance(step, list):
+            yield from step
+        else:
+            woke.clear()
+            if not session.has_events:  # set after the clear: the verdict came in between
+                woke.wait(step)
 
 
 def _regenerated(s: GuardSession, old: Iterator[Any]) -> Iterator[Any]:

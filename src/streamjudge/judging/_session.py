@@ -21,33 +21,39 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from streamjudge import semconv
-from streamjudge.judging._actions import PassedPrefix, passed_until, preflight_gate, warning_data
+from streamjudge.judging._actions import PassedPrefix, passed_until, preflight_gate, warning_data, withhold
 from streamjudge.judging._backend import StreamBackend, default_backend, stream_started
 from streamjudge.judging._requests import StreamRequests
 from streamjudge.judging._telemetry import (
     ANSWER_KEYS,
     CHECKPOINT_KEYS,
+    StreamSpans,
     defer_final,
-    skip_attributes,
     text_attributes,
 )
 from streamjudge.judging._telemetry import capped as span_text
 from streamjudge.judging._tokens import TokenText
-from streamjudge.judging._windows import ReleaseOrder, Transcript, Window, Windows
+from streamjudge.judging._windows import (
+    MAX_TOKEN_CHARS,
+    Ended,
+    ReleaseOrder,
+    Transcript,
+    Window,
+    Windows,
+    head_tokens,
+)
 from streamjudge.results import EvalKind, JudgeRequest, JudgeResult, Verdict
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import ReadableSpan
 
-    from streamjudge._sdk import EndedSpans
     from streamjudge.config import Settings
     from streamjudge.judging._lag import LoopProbe
 
 _log = logging.getLogger(__name__)
+_NOT_ENFORCED_LOGGED: set[str] = set()  # reasons logged once a process (see GuardSession.not_enforced)
 # guards the lazily made final futures of all sessions (taken once per stream, uncontended)
 _FINAL_LOCK = threading.Lock()
 
@@ -119,6 +125,22 @@ RegenerateCallback = Callable[[RegenerateRequest], TokenSource]
 
 
 @dataclass(slots=True)
+class _Delivered:
+    """Where what the client received differs from the model's text, and why an action was not enforced.
+
+    ``base``: the client's text of the answers before the last regeneration (up to the retraction, or all
+    of it where the retraction could not reach the client); ``start``: where the current answer's own text
+    begins in the windows' text; ``extra``: words a driver delivered after the last token (a tap's
+    fallback)."""
+
+    base: str | None = None
+    start: int = 0
+    extra: str = ""
+    retracts_shown: bool = True
+    not_enforced: str | None = None
+
+
+@dataclass(slots=True)
 class _Checkpoint:
     index: int
     start: int
@@ -139,16 +161,61 @@ class GuardSession:
     # slots: with 60 attributes, past the 30 CPython's shared instance-dict keys hold, each session had a dict
     # of its own (1,640 bytes per live stream against 472 now), and every read on the token path a dict
     # lookup instead of a slot load (judged: 63.1k -> 62.7k instructions per token)
-    __slots__ = ("_attributes", "_backend", "_checkpoints", "_defer", "_ended", "_failed", "_final",
-                 "_final_set", "_final_value", "_finished", "_first_alert_char", "_first_ns", "_good",
-                 "_held", "_holding", "_hush", "_inbox", "_join", "_judged_any", "_judging", "_late",
-                 "_n_alerts", "_n_regenerations", "_n_tokens", "_name", "_next_index", "_notify",
-                 "_off_items", "_off_lock", "_off_ok", "_opened", "_order", "_out", "_parent", "_pending",
-                 "_preflight_due", "_probe", "_recording", "_regenerate", "_requests", "_scanning",
-                 "_session_id", "_skip_checks", "_skips", "_span", "_span_id", "_start_ns", "_stream_hex",
-                 "_text", "_to_send", "_trace_id", "_ttft_ms", "_unjudged_status", "_verdict",
-                 "_window_start_ns", "_windows", "contexts", "has_events", "hold_back", "preflight_pending",
-                 "question", "reference", "regen_request", "settings", "stopped")
+    __slots__ = (
+        "_backend",
+        "_checkpoints",
+        "_defer",
+        "_delivered",
+        "_failed",
+        "_final",
+        "_final_set",
+        "_final_value",
+        "_finished",
+        "_first_alert_char",
+        "_good",
+        "_held",
+        "_holding",
+        "_hush",
+        "_inbox",
+        "_join",
+        "_judged_any",
+        "_judging",
+        "_n_alerts",
+        "_n_regenerations",
+        "_n_tokens",
+        "_next_index",
+        "_notify",
+        "_off_items",
+        "_off_lock",
+        "_off_ok",
+        "_opened",
+        "_order",
+        "_out",
+        "_pending",
+        "_preflight_due",
+        "_probe",
+        "_regenerate",
+        "_requests",
+        "_scanning",
+        "_session_id",
+        "_skip_checks",
+        "_spans",
+        "_text",
+        "_to_send",
+        "_unjudged_status",
+        "_verdict",
+        "_window_start_ns",
+        "_windows",
+        "contexts",
+        "has_events",
+        "hold_back",
+        "preflight_pending",
+        "question",
+        "reference",
+        "regen_request",
+        "settings",
+        "stopped",
+    )
 
     def __init__(
         self,
@@ -163,18 +230,19 @@ class GuardSession:
         attributes: Mapping[str, AttributeValue] | None = None,
         context: Context | None = None,
         start_time_ns: int | None = None,
+        request_start_ns: int | None = None,
     ) -> None:
         self._backend = runtime or default_backend()
-        # the process's maker of ended checkpoint spans (a runtime has one; a bare backend need not)
-        self._ended: EndedSpans | None = getattr(self._backend, "ended_spans", None)
+        # the stream's spans and timing; the process's maker of ended spans is a runtime's (a bare backend
+        # need not have one). Time to first token counts from ``start_time_ns`` (default: start())
+        self._spans = StreamSpans(self._backend.tracer, getattr(self._backend, "ended_spans", None),
+                                  name or semconv.SPAN_STREAM, attributes, context, start_time_ns or 0,
+                                  request_start_ns or 0)
         self.settings: Settings = settings or self._backend.settings
         self.question = question
         self.contexts: tuple[str, ...] | None = tuple(contexts) if contexts is not None else None
         self.reference = reference
         self._regenerate = regenerate
-        self._name = name or semconv.SPAN_STREAM
-        self._attributes = dict(attributes) if attributes else None
-        self._parent = context
         s = self.settings
         #: tokens are released only after their window passed (drivers must not emit them themselves)
         self.hold_back = s.mode == "hold_back"
@@ -192,7 +260,6 @@ class GuardSession:
         self._n_alerts = 0
         self._n_regenerations = 0
         self._first_alert_char: int | None = None
-        self._ttft_ms: float | None = None
         self._judged_any = False
         self._verdict = "unjudged"
         self._judging = True  # decided once at start: sampling, content size
@@ -204,7 +271,6 @@ class GuardSession:
         self._pending = self._checkpoints  # its truthiness is the drivers' "verdicts in flight?"
         self._good: PassedPrefix | None = None  # made by start() for a judged stream
         self._failed = False  # a sentence failed since the last regeneration
-        self._skips: dict[str, int] = {}
         # set by an event-loop driver: schedules a callback for after the current token went out
         self._defer: Callable[[Callable[[], None]], object] | None = None
         # the Windows' held list while tokens may wait there for the loop's next pass (see accept), or None
@@ -235,16 +301,9 @@ class GuardSession:
         self._final: concurrent.futures.Future[JudgeResult | None] | None = None
         self._final_set = False
         self._final_value: JudgeResult | None = None
-        self._span: trace.Span | None = None
-        self._span_id = 0
-        self._trace_id = 0
         self._session_id: str | None = None
-        self._late: dict[str, AttributeValue] = {}  # start()'s attributes, set by finish() with its own
-        self._recording = False
-        self._stream_hex = ""
-        # when generation was requested (time to first token counts from here); default: start()
-        self._start_ns = start_time_ns or 0
-        self._first_ns = 0  # when the first token came (its span event is added by finish)
+        # made by the first thing that makes the client's text differ from the model's (see _Delivered)
+        self._delivered: _Delivered | None = None
         self._finished = False
         self._opened = False  # counted by the service's stream_opened (closed in finish)
         self._probe: LoopProbe | None = None  # what stream_opened returned: its loop's lateness probe
@@ -332,7 +391,7 @@ class GuardSession:
     @property
     def span(self) -> trace.Span | None:
         """The stream span (None before :meth:`start`)."""
-        return self._span
+        return self._spans.span
 
     @property
     def judging(self) -> bool:
@@ -342,44 +401,22 @@ class GuardSession:
     def start(self) -> list[StreamEvent]:
         """Open the stream span, resolve the question and contexts, decide sampling, ask for pre-flight."""
         backend = self._backend
-        self._start_ns = self._start_ns or time.time_ns()
-        self._window_start_ns = self._start_ns
         settings = self.settings
-        attrs: dict[str, AttributeValue] = {
-            semconv.SPAN_TYPE: semconv.SPAN_TYPE_STREAM,
-            semconv.OPENINFERENCE_SPAN_KIND: semconv.OPENINFERENCE_KIND_CHAIN,
-            semconv.STREAM_MODE: settings.mode,
-            semconv.STREAM_ACTION: settings.action,
-        }
-        if self._attributes:
-            attrs.update(self._attributes)
-        # where nobody could tell the difference, the SDK's span without its start hooks (see LiveSpan)
-        ended = self._ended
-        span = ended.start(self._name, self._parent, attrs, self._start_ns) if ended is not None else None
-        # made by ``ended``: it was usable, so the checkpoints' spans can be made ended too (see _send_later)
-        off_ok = span is not None
-        if span is None:
-            span = backend.tracer.start_span(self._name, context=self._parent, attributes=attrs,
-                                             start_time=self._start_ns)
-        self._span = span
-        ctx = span.get_span_context()
-        self._span_id = ctx.span_id
-        self._trace_id = ctx.trace_id
-        # a trace the tracing sampler dropped (a client's ``traceparent: ...-00``) reaches no processor: it
-        # counts as sampled out, decided here once, so nothing waits for verdicts and nothing is held
-        self._recording = span.is_recording()
-        self._stream_hex = format(ctx.span_id, "016x")
-        # set with the end-of-stream attributes, in finish()'s one call: each call takes the span's lock and
-        # cleans its mapping (nothing reads them off a live span; a span is exported once ended)
-        late = self._late = {semconv.STREAM_ID: self._stream_hex}
-        stream_started(self._trace_id, self)
+        sp = self._spans
+        # made ended (see StreamSpans.open): the checkpoints' spans can be made ended too (see _send_later)
+        off_ok = sp.open(settings.mode, settings.action)
+        self._window_start_ns = sp.start_ns
+        trace_id = sp.trace_id
+        # end-of-stream attributes, set in one call at the end (each call takes the span's lock)
+        late = sp.late
+        stream_started(trace_id, self)
         stored = None
         if self.question is not None or self.contexts is not None or self.reference is not None:
             stored = backend.contexts.register(
-                self._trace_id, question=self.question, contexts=self.contexts, reference=self.reference
+                trace_id, question=self.question, contexts=self.contexts, reference=self.reference
             )
         else:
-            stored = backend.contexts.get(self._trace_id) or backend.contexts.get(0)
+            stored = backend.contexts.get(trace_id) or backend.contexts.get(0)
         if stored is not None:
             self.question = self.question if self.question is not None else stored.question
             self.contexts = self.contexts if self.contexts is not None else stored.contexts
@@ -389,7 +426,9 @@ class GuardSession:
         self._session_id = stored.session_id if stored is not None else None
         if self.question is not None and settings.capture_content:
             late[semconv.STREAM_QUESTION] = late[semconv.INPUT_VALUE] = self.question
-        if not self._recording or not backend.service.sampled(self._trace_id):
+        # a trace the tracing sampler dropped counts as sampled out, decided here once, so nothing waits for
+        # verdicts and nothing is held
+        if not sp.recording or not backend.service.sampled(trace_id):
             self._judging = False
             self._unjudged_status = "sampled_out"
             late[semconv.EVAL_STATUS] = "sampled_out"
@@ -444,16 +483,16 @@ class GuardSession:
         answer itself: the source's first step may reach the model already, whose tap must not open a
         second session for it."""
         s = self.settings
-        if self._span is not None or (s.preflight and s.preflight_action in ("stop", "skip_checks")):
+        sp = self._spans
+        if sp.span is not None or (s.preflight and s.preflight_action in ("stop", "skip_checks")):
             return False
-        self._start_ns = self._start_ns or time.time_ns()
-        if self._parent is None:
-            # the stream's parent is where it began: start() may run on a later step (see early_sink), by
-            # when the consumer may have made another span current
-            self._parent = otel_context.get_current()
+        sp.start_ns = sp.start_ns or time.time_ns()
+        # the stream's parent is where it began: start() may run on a later step (see early_sink), by
+        # when the consumer may have made another span current
+        sp.open_parent(otel_context.get_current())
         # a stream under a span (the request's) is in that span's trace; a root stream's trace is new,
         # and nothing can be bound to it yet
-        parent = trace.get_current_span(self._parent).get_span_context()
+        parent = trace.get_current_span(sp.parent).get_span_context()
         if parent.is_valid:
             stream_started(parent.trace_id, self)
         return True
@@ -463,11 +502,11 @@ class GuardSession:
         token): used from the next checkpoint on, and the pre-flight gate runs now if it could not before."""
         if question is not None and self.question is None:
             self.question = question
-        if contexts is None or self._span is None:
+        if contexts is None or self._spans.span is None:
             return
         had = self.contexts is not None
         self.contexts = tuple(contexts)
-        self._late[semconv.STREAM_CONTEXT_COUNT] = len(self.contexts)
+        self._spans.late[semconv.STREAM_CONTEXT_COUNT] = len(self.contexts)
         if not had and self.settings.preflight and self._judging and not self._n_tokens:
             self._preflight()
 
@@ -475,8 +514,8 @@ class GuardSession:
         requests = self._requests
         if requests is None:
             requests = self._requests = StreamRequests(self.settings, coalesce=not self.hold_back)
-            if self._span is not None:
-                requests.bind(self._span, self._session_id)
+            if self._spans.span is not None:
+                requests.bind(self._spans.span, self._session_id)
         return requests
 
     def _request(self, kind: EvalKind, text: str, **where: Any) -> JudgeRequest:
@@ -509,7 +548,7 @@ class GuardSession:
 
     def _apply_preflight(self, verdict: Verdict) -> None:
         self.preflight_pending = False
-        span = self._span
+        span = self._spans.span
         assert span is not None
         gate = preflight_gate(verdict, self.settings.preflight_threshold, self.settings.preflight_action)
         span.set_attributes(gate.attributes)
@@ -534,6 +573,8 @@ class GuardSession:
         if not n:
             self._first_token()
         self._n_tokens = n + 1
+        if len(token) > MAX_TOKEN_CHARS and not isinstance(self._windows, Transcript):
+            return self._accept_large(token)  # type: ignore[no-any-return]
         if self._holding:
             # the loop has not run since a checkpoint (or the pre-flight request) was deferred to its next
             # pass: a burst, whose tokens come faster than the loop turns. Their sentences wait for that
@@ -547,6 +588,20 @@ class GuardSession:
             self._close_checkpoint(end)
         return token  # type: ignore[no-any-return]
 
+    def _accept_large(self, token: str) -> str:
+        # the head is judged; the rest passes through unjudged, in order (see Unjudged), and is counted
+        self._scan_held()
+        head, rest = token[:MAX_TOKEN_CHARS], token[MAX_TOKEN_CHARS:]
+        end = self._windows.feed(head)
+        if end >= 0:
+            self._close_checkpoint(end)
+        self._windows.pass_unjudged(rest)
+        self._record_skip("token", "too_large")
+        late = self._spans.late
+        before = late.get(semconv.STREAM_UNJUDGED_CHARS)
+        late[semconv.STREAM_UNJUDGED_CHARS] = (before if isinstance(before, int) else 0) + len(rest)
+        return token
+
     def early_sink(self) -> list[str] | None:
         """Before :meth:`start`, once the first token was accepted: the list a driver may append each plain
         token's text to instead of calling :meth:`accept`, for tokens it sends before it starts the stream
@@ -555,7 +610,7 @@ class GuardSession:
         as the answer's first. None where that cannot be: started already, or hold-back (no token goes out
         before its window passed)."""
         windows = self._windows
-        if (self._span is not None or self.hold_back or not self._n_tokens
+        if (self._spans.span is not None or self.hold_back or not self._n_tokens
                 or not isinstance(windows, Transcript)):
             return None
         return windows.sink
@@ -605,7 +660,8 @@ class GuardSession:
             return []
         self._finished = True
         self._send_all()  # checkpoint spans end before their stream span
-        span = self._span
+        sp = self._spans
+        span = sp.span
         if span is None:
             return [StreamEvent("done", data={"verdict": "unjudged"})]
         if self.hold_back and not self.stopped:
@@ -615,36 +671,9 @@ class GuardSession:
             self._emit_tokens(self._windows.take_open_tokens())
         text = self._windows.text()
         summary = self._summary(outcome)
-        limit = self.settings.max_text_attribute_chars
-        # one call for all of them, start()'s included: each call takes the span's lock and cleans a mapping
-        attrs = self._late
-        attrs.update({
-            semconv.STREAM_TOKENS: self._n_tokens,
-            semconv.STREAM_CHARS: len(text),
-            semconv.STREAM_CHECKPOINTS: self._next_index,
-            semconv.STREAM_ALERTS: self._n_alerts,
-            semconv.STREAM_VERDICT: summary["verdict"],
-            semconv.STREAM_OUTCOME: outcome,
-            semconv.STREAM_REGENERATIONS: self._n_regenerations,
-        })
-        if self._text is not None and self._text.skipped:
-            attrs[semconv.STREAM_SKIPPED_TOKENS] = self._text.skipped
-        attrs.update(skip_attributes(self._skips))
-        if self._ttft_ms is not None:
-            attrs[semconv.STREAM_TTFT_MS] = self._ttft_ms
-        attrs.update(text_attributes(ANSWER_KEYS, text, capture=self.settings.capture_content, limit=limit))
-        if self.settings.capture_content:
-            attrs[semconv.OUTPUT_VALUE] = span_text(text, limit)
-        ended_well = outcome in ("completed", "stopped")
-        if not ended_well:
-            attrs[semconv.EVAL_SKIP_REASON] = outcome
-        span.set_attributes(attrs)
-        if self._first_ns:
-            span.add_event(semconv.EVENT_FIRST_TOKEN, timestamp=self._first_ns)
-        if not ended_well:
-            span.set_status(Status(StatusCode.ERROR, f"stream {outcome}"))
+        sp.close(self._end_attributes(outcome, summary["verdict"], text), outcome)
         service = self._backend.service
-        service.end_stream(self._span_id)
+        service.end_stream(sp.span_id)
         if self._opened:
             service.stream_closed(self._probe)
         skip = self._final_skip(outcome, text)
@@ -653,15 +682,61 @@ class GuardSession:
                         capture=self.settings.capture_content, limit=self.settings.max_judge_input_chars)
             self._set_final(None)
         elif skip is None:
-            service.submit(self._request("answer", text, target=span, target_name=self._name))
+            service.submit(self._request("answer", text, target=span, target_name=sp.name))
         else:
             if self._judging:
                 span.set_attribute(semconv.EVAL_STATUS, "skipped")
                 span.set_attribute(semconv.EVAL_SKIP_REASON, skip)
             self._set_final(None)
         span.end()
+        self._release_state()
         self._emit(StreamEvent("done", data=summary))
         return self._take()
+
+    def _end_attributes(self, outcome: str, verdict: str, text: str) -> dict[str, AttributeValue]:
+        # what the stream span says at the end: counts, outcome, and the answer the client received (the
+        # model's text beside it when it differs)
+        shown = self.delivered_text()
+        settings = self.settings
+        limit = settings.max_text_attribute_chars
+        attrs: dict[str, AttributeValue] = {
+            semconv.STREAM_TOKENS: self._n_tokens,
+            semconv.STREAM_CHARS: len(shown),
+            semconv.STREAM_CHECKPOINTS: self._next_index,
+            semconv.STREAM_ALERTS: self._n_alerts,
+            semconv.STREAM_VERDICT: verdict,
+            semconv.STREAM_OUTCOME: outcome,
+            semconv.STREAM_REGENERATIONS: self._n_regenerations,
+        }
+        if self._text is not None and self._text.skipped:
+            attrs[semconv.STREAM_SKIPPED_TOKENS] = self._text.skipped
+        why = self._delivered.not_enforced if self._delivered is not None else None
+        if why is not None:
+            attrs[semconv.ACTION_ENFORCED] = False
+            attrs[semconv.ACTION_ENFORCED_REASON] = why
+        capture = settings.capture_content
+        if shown != text and capture:
+            attrs[semconv.STREAM_MODEL_ANSWER] = span_text(text, limit)
+        attrs.update(text_attributes(ANSWER_KEYS, shown, capture=capture, limit=limit))
+        if capture:
+            attrs[semconv.OUTPUT_VALUE] = span_text(shown, limit)
+        return attrs
+
+    def _release_state(self) -> None:
+        # the stream is over on every exit path (completed, stopped, client gone, error): a driver that
+        # still feeds it must not open windows, send judge requests or keep text for it
+        self._judging = False
+        self._windows = Ended()
+        self._held = None
+        self._holding = False
+        self._defer = None
+        self._checkpoints.clear()
+        self._to_send = None
+        self._text = None
+        self._order = None
+        self._good = None
+        if self._inbox is not None:
+            self._inbox.clear()
 
     def _final_skip(self, outcome: str, text: str) -> str | None:
         if not self._judging:
@@ -700,15 +775,16 @@ class GuardSession:
 
     def abort(self, outcome: str = "disconnected", error: BaseException | None = None) -> None:
         """The consumer went away or the source failed: cancel queued judge work, end the span."""
-        if self._finished or self._span is None:
+        span = self._spans.span
+        if self._finished or span is None:
             return
         self._send_all()  # every checkpoint sent has its span, and its request is cancelled below
-        cancelled = self._backend.service.cancel_stream(self._span_id)
+        cancelled = self._backend.service.cancel_stream(self._spans.span_id)
         self._checkpoints.clear()
         if error is not None:
-            self._span.record_exception(error)
+            span.record_exception(error)
         if cancelled:
-            self._span.set_attribute(semconv.JUDGE_CANCELLED_JOBS, cancelled)
+            self._spans.late[semconv.JUDGE_CANCELLED_JOBS] = cancelled
         self.finish(outcome)
 
     # --- regeneration -------------------------------------------------------------------------------
@@ -741,8 +817,7 @@ class GuardSession:
     def _first_token(self) -> None:
         # its span event is added at the end, with this timestamp: made here, on the first token's path, it
         # would be an event, its attributes and a lock more for the GC to track through the whole stream
-        now = self._first_ns = time.time_ns()
-        self._ttft_ms = round((now - self._start_ns) / 1e6, 3)
+        self._spans.model_first(not self.hold_back)  # stream-first: it goes out now
 
     def _close_checkpoint(self, end: int, final: bool = False) -> None:
         window = self._windows.cut(end)
@@ -857,7 +932,7 @@ class GuardSession:
             semconv.CHECKPOINT_CHAR_START: window.start,
             semconv.CHECKPOINT_CHAR_END: window.end,
             semconv.CHECKPOINT_SENTENCES: window.sentences,
-            semconv.STREAM_ID: self._stream_hex,
+            semconv.STREAM_ID: self._spans.stream_hex,
         }
         if final:
             attrs[semconv.CHECKPOINT_FINAL] = True
@@ -870,30 +945,14 @@ class GuardSession:
         settings = self.settings
         text = text_attributes(CHECKPOINT_KEYS, window.text, capture=settings.capture_content,
                                limit=settings.max_text_attribute_chars)
-        ended = self._ended
-        cp: trace.Span | ReadableSpan | None = None
-        if ended is not None and self._span is not None:
-            # every attribute is known now: the span is made ended, without the SDK's live span (see
-            # EndedSpans), where the provider's set-up lets nobody tell the difference
-            cp = ended.make(semconv.SPAN_CHECKPOINT, self._span, attrs, start_ns, end_ns, text)
-        live = None
-        if cp is None:
-            parent = trace.set_span_in_context(self._span) if self._span is not None else None
-            cp = live = self._backend.tracer.start_span(
-                semconv.SPAN_CHECKPOINT, context=parent, attributes=attrs, start_time=start_ns
-            )
-            if live.is_recording():
-                live.set_attributes(text)  # one call: each takes the span's lock
+        cp, live = self._spans.checkpoint(attrs, text, start_ns, end_ns)
         if judged and index in self._checkpoints:
             # before the span's end: the processor holds a span it was told to expect
             self._backend.service.submit(
                 self._request("checkpoint", window.text, prefix=window.prefix, offset=window.start,
                               index=index, target=cp, target_name=semconv.SPAN_CHECKPOINT)
             )
-        if live is not None:
-            live.end(end_time=end_ns)
-        else:
-            ended.end(cp)  # type: ignore[union-attr, arg-type]
+        self._spans.end_checkpoint(cp, live, end_ns)
 
     def _on_verdict(self, v: Verdict) -> None:
         cp = self._checkpoints.pop(v.index, None)
@@ -926,9 +985,9 @@ class GuardSession:
         data = warning_data(v, score, self._requests_of().threshold(score.name), action)
         if self._first_alert_char is None:
             self._first_alert_char = data["char_end"]
-        if self._span is not None:
+        if self._spans.span is not None:
             first = data["sentences"][0]
-            self._span.add_event(
+            self._spans.event(
                 semconv.EVENT_ALERT,
                 {
                     semconv.ALERT_METRIC: score.name,
@@ -940,15 +999,23 @@ class GuardSession:
                     else "",
                 },
             )
+        explanation = score.explanation
+        if self.hold_back:
+            # the client never sees a failing sentence, not even quoted in the judge's explanation
+            explanation = withhold(data, self._windows.text())
         if action == "regenerate":
             if self._regenerate is None:
                 data["action"] = "flag"
                 data["reason"] = "no_regenerate_callback"
+                self.not_enforced("regenerate: no model to re-prompt (no regenerate callback)")
             elif self._n_regenerations >= self.settings.max_regenerations:
                 data["action"] = "stop"
                 data["reason"] = "max_regenerations"
                 action = "stop"
-        self._emit(StreamEvent("warning", score.explanation, data))
+        if self.hold_back and action in ("stop", "regenerate"):
+            # the sentences before the first failing one passed: they go out, the failing one never does
+            self._release_head(cp, passed_until(v))
+        self._emit(StreamEvent("warning", explanation, data))
         if action == "stop":
             self._stop(data)
         elif action == "regenerate" and self._regenerate is not None:
@@ -969,11 +1036,13 @@ class GuardSession:
             # nothing past the last released window was shown, and what was not shown is not kept either
             shown = self._release_order().released_end
             keep = min(keep, shown)
+        d = self._delivery()
+        d.base = (d.base or "") + text[d.start:(keep if d.retracts_shown else shown)]
+        d.start = keep
         if shown > keep:
             self._emit(StreamEvent("retract", text[keep:shown], {"from": keep, "to": shown,
                                                                  "checkpoint": v.index}))
-            if self._span is not None:
-                self._span.add_event(semconv.EVENT_RETRACT, {"from": keep, "to": shown})
+            self._spans.event(semconv.EVENT_RETRACT, {"from": keep, "to": shown})
         self.regen_request = RegenerateRequest(
             question=self.question or "",
             contexts=self.contexts or (),
@@ -983,14 +1052,58 @@ class GuardSession:
         )
         self.has_events = True
 
+    def note_delivered(self, text: str) -> None:
+        """``text`` went to the client as the answer's own words after its last token (a tap writes the
+        stop's fallback as the model's last words): the answer recorded is what the client received."""
+        self._delivery().extra += text
+
+    @property
+    def retracts_shown(self) -> bool:
+        """Whether a retraction reaches the client (a wrapper with client events off cannot send one)."""
+        return self._delivered is None or self._delivered.retracts_shown
+
+    @retracts_shown.setter
+    def retracts_shown(self, value: bool) -> None:
+        if value != self.retracts_shown:
+            self._delivery().retracts_shown = value
+
+    def _delivery(self) -> _Delivered:
+        d = self._delivered
+        if d is None:
+            d = self._delivered = _Delivered()
+        return d
+
+    def not_enforced(self, reason: str) -> None:
+        """This stream's action or mode cannot be enforced where its tokens come from: the span says so
+        (``streamjudge.action.enforced=false`` with ``reason``) and one log line a process says why."""
+        d = self._delivery()
+        if d.not_enforced is None:
+            d.not_enforced = reason
+            if reason not in _NOT_ENFORCED_LOGGED:
+                _NOT_ENFORCED_LOGGED.add(reason)
+                _log.warning("streamjudge: %s/%s cannot be enforced here: %s", self.settings.action,
+                             self.settings.mode, reason)
+
+    def delivered_text(self) -> str:
+        """The answer as the client received it: released text in hold-back, the text before a retraction
+        the client never saw, a tap's fallback words."""
+        text = self._windows.delivered()
+        if self.hold_back and self.stopped and self._order is not None:
+            text = text[: self._order.released_end]
+        d = self._delivered
+        if d is None:
+            return text
+        if d.base is not None:
+            text = d.base + text[d.start:]
+        return text + d.extra
+
     def _stop(self, data: Mapping[str, Any]) -> None:
         self.stopped = True
         self._verdict = "stopped"
         for cp in self._checkpoints.values():
             cp.tokens = None
         self._windows.take_open_tokens()
-        if self._span is not None:
-            self._span.add_event(semconv.EVENT_STOP, {semconv.ALERT_METRIC: str(data.get("metric", ""))})
+        self._spans.event(semconv.EVENT_STOP, {semconv.ALERT_METRIC: str(data.get("metric", ""))})
         self._emit(StreamEvent("stop", self.settings.fallback_message, data))
 
     def _release(self, index: int) -> None:
@@ -1004,6 +1117,21 @@ class GuardSession:
         if cp_tokens is None:
             return
         self._emit_tokens(self._release_order().release(cp.index, cp.end, cp_tokens))
+
+    def _release_head(self, cp: _Checkpoint, until: int) -> None:
+        # hold-back: the window's text before ``until`` (a sentence boundary) is released, in order
+        tokens = cp.tokens
+        if tokens is None or until <= cp.start:
+            return
+        cp.tokens = None
+        head = head_tokens(tokens, until - cp.start)
+        # up to the sentence's end: a continuation or a fallback brings its own separator
+        while head and head[-1][-1:].isspace():
+            last = head.pop().rstrip()
+            if last:
+                head.append(last)
+        until = cp.start + sum(map(len, head))
+        self._emit_tokens(self._release_order().release(cp.index, until, head))
 
     def _token_text(self) -> TokenText:
         text = self._text
@@ -1025,6 +1153,8 @@ class GuardSession:
 
     def _emit_tokens(self, tokens: list[str]) -> None:
         if tokens:
+            if not self._spans.first_ns:
+                self._spans.client_first(time.time_ns())
             out = self._outbox()
             out.extend(map(token_event, tokens))
             self.has_events = True
@@ -1046,13 +1176,7 @@ class GuardSession:
         return out if out is not None else []
 
     def _record_skip(self, what: str, reason: str) -> None:
-        # one event per distinct reason (a flood of drops must not push other events out of the span's
-        # bounded event list); the counts go on the span at the end
-        key = f"{what}:{reason}"
-        n = self._skips.get(key, 0)
-        self._skips[key] = n + 1
-        if not n and self._span is not None:
-            self._span.add_event(semconv.EVENT_SKIP, {semconv.SKIP_REASON: key})
+        self._spans.skip(f"{what}:{reason}")
 
     def _summary(self, outcome: str) -> dict[str, Any]:
         verdict = self._verdict
@@ -1067,8 +1191,8 @@ class GuardSession:
             "alerts": self._n_alerts,
             "regenerations": self._n_regenerations,
             "first_alert_char": self._first_alert_char,
-            "ttft_ms": self._ttft_ms,
-            "stream_id": self._stream_hex,
+            "ttft_ms": self._spans.ttft_ms,
+            "stream_id": self._spans.stream_hex,
         }
 
 

@@ -15,9 +15,20 @@ from streamjudge.sentences import CheckpointPolicy, Sentence, SentenceBuffer
 #: chars of the answer before a window that travel with it as reference material (pronouns, "the tower")
 PREFIX_CHARS = 600
 
+#: chars of one token that are judged: the rest of a larger token passes through unjudged (see
+#: :class:`Unjudged`), so one huge token cannot hold the loop for a sentence scan of all of it
+MAX_TOKEN_CHARS = 65_536
+
 #: a window joined with the next (:meth:`Window.joined`) stops growing here: joining copies the text, and
 #: one judge call should not get a whole long answer from a fast stream behind a slow judge
 MAX_JOINED_CHARS = 8_192
+
+
+class Unjudged(str):
+    """The part of a token past :data:`MAX_TOKEN_CHARS`: kept in the windows' tokens, so hold-back
+    releases it in order, but never scanned for sentences nor judged (it has no place in the judged text)."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +55,15 @@ class Window:
 class Windows:
     """Cuts a token stream into checkpoint windows on sentence boundaries."""
 
-    __slots__ = ("_buf", "_policy", "_scanned", "_sentences", "_skip_until", "_tail", "_tokens", "held",
-                 "start")
+    __slots__ = ("_buf", "_cut_at", "_policy", "_scanned", "_sentences", "_skip_until", "_tail", "_tokens",
+                 "_unjudged", "held", "start")
 
     def __init__(self, sentences: int, chars: int, every: int, prefix: str = "") -> None:
         self._buf = SentenceBuffer()
         self._policy = CheckpointPolicy(sentences, chars, every)
         self._tokens: list[str] = []
+        self._cut_at = 0  # chars of _tokens[0] that belong to windows already cut (never copied off)
+        self._unjudged: list[tuple[int, str]] | None = None  # (where in the judged text, the piece)
         self._sentences = 0
         self._tail = prefix[-PREFIX_CHARS:]
         # an accepted prefix re-fed after a regeneration: its sentences were judged already
@@ -66,9 +79,10 @@ class Windows:
 
     @property
     def length(self) -> int:
-        """Chars of the answer so far (held tokens included)."""
+        """Chars of the answer so far (held tokens and unjudged pieces included)."""
         held = self.held
-        return self._buf.length + (sum(map(len, held)) if held else 0)
+        n = self._buf.length + (sum(map(len, held)) if held else 0)
+        return n + sum(len(p) for _, p in self._unjudged) if self._unjudged else n
 
     def text(self) -> str:
         """The whole answer so far, held tokens included (one join; for the end of the stream, not per
@@ -128,35 +142,75 @@ class Windows:
         return close_at
 
     def cut(self, end: int) -> Window:
-        """Close the open window at ``end``; whatever was fed past ``end`` starts the next one."""
+        """Close the open window at ``end``; whatever was fed past ``end`` starts the next one.
+
+        Linear in the window's size: a token that runs past ``end`` is not copied, only the window's part
+        of it (many windows cut from one huge token each cost their own size, not the rest of it)."""
         tokens = self._tokens
-        over = self._buf.length - end
-        keep: list[str] = []
-        # the token that completed the sentence may carry the next one's start: cut it at `end`
-        while over > 0 and tokens:
-            last = tokens.pop()
-            if len(last) <= over:
-                keep.append(last)
-                over -= len(last)
+        need = end - self.start
+        out: list[str] = []
+        i = 0
+        at = self._cut_at
+        n = len(tokens)
+        while i < n:
+            tok = tokens[i]
+            if tok.__class__ is Unjudged:
+                if need <= 0 and out:
+                    break  # it follows the window's last judged char: it goes with the next window
+                out.append(tok)
+                i += 1
+                continue
+            if need <= 0:
+                break
+            have = len(tok) - at
+            if have <= need:
+                out.append(tok[at:] if at else tok)
+                need -= have
+                i += 1
+                at = 0
             else:
-                tokens.append(last[: len(last) - over])
-                keep.append(last[len(last) - over :])
-                over = 0
-        keep.reverse()
-        self._tokens = keep
-        text = "".join(tokens)
+                out.append(tok[at:at + need])
+                at += need
+                need = 0
+        del tokens[:i]
+        self._cut_at = at
+        text = "".join(t for t in out if t.__class__ is not Unjudged)
         if self._scanned:  # a window scan() found: its own count; the open window keeps the rest
             sentences = self._scanned.pop(0)
         else:
             sentences, self._sentences = self._sentences, 0
-        window = Window(self.start, end, text, self._tail, tokens, sentences)
-        self._tail = (self._tail + text)[-PREFIX_CHARS:]
+        window = Window(self.start, end, text, self._tail, out, sentences)
+        self._tail = (self._tail + text[-PREFIX_CHARS:])[-PREFIX_CHARS:]
         self.start = end
         return window
+
+    def pass_unjudged(self, rest: str) -> None:
+        """The part of a token past :data:`MAX_TOKEN_CHARS`: it goes with the open window's tokens, and
+        into :meth:`delivered`, not into the judged text."""
+        self._tokens.append(Unjudged(rest))
+        if self._unjudged is None:
+            self._unjudged = []
+        self._unjudged.append((self._buf.length, rest))
+
+    def delivered(self) -> str:
+        """The whole answer as it went out: the judged text with the unjudged pieces in their places."""
+        text = self.text()
+        if not self._unjudged:
+            return text
+        parts: list[str] = []
+        at = 0
+        for pos, piece in self._unjudged:
+            parts += (text[at:pos], piece)
+            at = pos
+        parts.append(text[at:])
+        return "".join(parts)
 
     def take_open_tokens(self) -> list[str]:
         """The tokens of the open window (hold-back releases them, fail-open, at the end)."""
         tokens, self._tokens = self._tokens, []
+        if tokens and self._cut_at:
+            tokens[0] = tokens[0][self._cut_at:]
+        self._cut_at = 0
         return tokens
 
 
@@ -188,6 +242,19 @@ class ReleaseOrder:
         self._next = next_index
 
 
+def head_tokens(tokens: list[str], chars: int) -> list[str]:
+    """The first ``chars`` chars of ``tokens``, as tokens (the one that crosses the boundary is cut)."""
+    out: list[str] = []
+    for tok in tokens:
+        if chars <= 0:
+            break
+        if len(tok) > chars:
+            tok = tok[:chars]
+        out.append(tok)
+        chars -= len(tok)
+    return out
+
+
 _NEVER_HELD: list[str] = []
 
 
@@ -215,6 +282,9 @@ class Transcript(Windows):
         calling :meth:`feed` (the same effect, without a call per token)."""
         return self._all
 
+    def delivered(self) -> str:
+        return self.text()
+
     def text(self) -> str:
         if len(self._all) > 1:
             # in place: the list stays the one :attr:`sink` handed out
@@ -230,3 +300,13 @@ class Transcript(Windows):
 
     def take_open_tokens(self) -> list[str]:
         return []
+
+
+class Ended(Transcript):
+    """The windows of a stream that ended: a driver that still feeds it (a model the client left, whose
+    stream runs on) keeps nothing and closes no window, so nothing of it is judged or kept any more."""
+
+    __slots__ = ()
+
+    def feed(self, token: str) -> int:
+        return -1

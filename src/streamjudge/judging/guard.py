@@ -17,8 +17,17 @@ from typing import TYPE_CHECKING
 from opentelemetry.context import Context
 from opentelemetry.util.types import AttributeValue
 
-from streamjudge.judging._backend import StreamBackend
-from streamjudge.judging._drivers import AsyncWaker, GuardedStream, settle
+from streamjudge.judging._backend import StreamBackend, default_backend, on_stream_start
+from streamjudge.judging._drivers import (
+    AsyncWaker,
+    GuardedStream,
+    SourceStep,
+    end_wait,
+    set_fast_paths,
+    settle,
+    settle_sync,
+    wait_step,
+)
 from streamjudge.judging._session import (
     GuardSession,
     RegenerateCallback,
@@ -36,11 +45,26 @@ __all__ = [
     "GuardedStream",
     "RegenerateCallback",
     "RegenerateRequest",
+    "SourceStep",
     "StreamEvent",
     "TokenSource",
+    "default_settings",
+    "end_wait",
     "guard",
+    "on_stream_start",
+    "set_fast_paths",
     "settle",
+    "settle_sync",
+    "wait_step",
 ]
+
+
+def default_settings() -> Settings | None:
+    """The settings a stream gets when none are given (the process's), or None when unconfigured."""
+    try:
+        return default_backend().settings
+    except RuntimeError:
+        return None
 
 
 def guard(
