@@ -4,7 +4,7 @@ PY ?= python3
 CACHE ?= $(HOME)/.cache/streamjudge
 VENV ?= $(CACHE)/venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,langgraph,fastapi,llm,ragas,deepeval,langfuse,phoenix-otel,model
+EXTRAS ?= dev,langgraph,fastapi,examples,llm,ragas,deepeval,langfuse,phoenix-otel,model
 # the dependency set is re-installed only when pyproject.toml or the extras change
 DEPS_STAMP := $(VENV)/.deps-$(shell (cat pyproject.toml; echo '$(EXTRAS)') | sha256sum | cut -c1-16)
 # mk/*.mk add their own prerequisites of `make test` to TEST_DEPS
@@ -56,3 +56,16 @@ VIEWER ?= jaeger
 demo-ui: install $(if $(filter phoenix,$(VIEWER)),$(PHOENIX_STAMP),$(JAEGER_BIN))
 	$(BIN)/python -m streamjudge._demo_ui --viewer $(VIEWER) \
 	  $(if $(filter phoenix,$(VIEWER)),--phoenix-python $(PHOENIX_VENV)/bin/python,--jaeger $(JAEGER_BIN))
+
+# the compatibility matrix (noxfile.py): the unit tests and the zero-code smoke check at every corner of the
+# supported version ranges but the newest (that one is `make test`), each in its own venv under $(CACHE)/nox;
+# NOX_ARGS='-s "corner(oldest)"' runs one corner
+NOX_VENV ?= $(CACHE)/nox-tool
+NOX_ARGS ?=
+.PHONY: compat
+$(NOX_VENV)/bin/nox:
+	$(PY) -m venv $(NOX_VENV)
+	$(NOX_VENV)/bin/pip install -q 'nox>=2024.10'
+
+compat: $(NOX_VENV)/bin/nox
+	STREAMJUDGE_CACHE=$(CACHE) $(NOX_VENV)/bin/nox -f noxfile.py $(NOX_ARGS)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import sys
 from collections.abc import Iterator
@@ -95,3 +96,31 @@ def _fresh_judge_load_meter() -> None:
     from streamjudge.judging.judges._offload import _METER
 
     _METER.reset()
+
+
+@functools.cache
+def _old_sse_starlette() -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return int(version("sse-starlette").split(".")[0]) < 2
+    except PackageNotFoundError:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def _sse_starlette_exit_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sse-starlette before 2 keeps one exit event per process, bound to the first event loop that waits on
+    it; a test may run several loops (one per TestClient), so each response waits on one of its own loop.
+    Only the server's exit signal waits on it, which tests never send."""
+    if not _old_sse_starlette():
+        return
+    from sse_starlette.sse import AppStatus, EventSourceResponse
+
+    original = EventSourceResponse.listen_for_exit_signal
+
+    async def listen_for_exit_signal() -> None:
+        AppStatus.should_exit_event = None
+        await original()
+
+    monkeypatch.setattr(EventSourceResponse, "listen_for_exit_signal", staticmethod(listen_for_exit_signal))

@@ -7,6 +7,7 @@ import gc
 import tracemalloc
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from importlib.metadata import version
 
 import pytest
 
@@ -15,6 +16,10 @@ from conftest import Harness, cyclic_garbage, ours
 from streamjudge import RegenerateRequest, guard, semconv
 from streamjudge.judging._windows import MAX_JOINED_CHARS
 from streamjudge.judging.base import EvalInput, JudgeResult, Score
+
+# the SDK's own span metrics: 1.40 and 1.41 record them for every span (its start's attributes and a closure
+# for its end, kept while it lives: 4-5 objects more per stream measured); 1.42+ only when asked for
+SDK_SPAN_METRICS = 6 if 40 <= int(version("opentelemetry-sdk").split(".")[1]) <= 41 else 0
 
 SENTENCE = "The tower is 330 metres tall and stands in Paris. "
 
@@ -290,7 +295,7 @@ def test_a_live_stream_keeps_few_objects_for_the_cyclic_gc(
     # counted once the pool is done with every checkpoint, its verdicts delivered and their spans exported
     per_stream = _kept_per_stream(harness, lambda _guarded: not runtime.pool.depth)
     harness.spans()
-    assert 0 < per_stream <= most, per_stream
+    assert 0 < per_stream <= most + SDK_SPAN_METRICS, per_stream
 
 
 class _HeldJudge:
@@ -332,4 +337,4 @@ def test_a_call_out_to_a_coroutine_judge_keeps_few_objects_for_the_cyclic_gc(har
                                   judge.release, n)
     judge.release()
     harness.spans()
-    assert 0 < per_stream <= 58, per_stream
+    assert 0 < per_stream <= 58 + SDK_SPAN_METRICS, per_stream

@@ -10,6 +10,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from streamjudge import _sdk
 
 
+def _minor(dist: str) -> int:
+    from importlib.metadata import version
+
+    return int(version(dist).split(".")[1])
+
+
+SDK_MINOR = _minor("opentelemetry-sdk")
+API_MINOR = _minor("opentelemetry-api")
+
+
 class _Named(SpanProcessor):
     def __init__(self, name: str) -> None:
         self.name = name
@@ -86,9 +96,13 @@ def test_what_ended_spans_read_off_the_tracer_is_still_there() -> None:
     assert tracer._span_limits.max_span_attribute_length == 7  # type: ignore[attr-defined]
     assert tracer._span_limits.max_span_attributes == 128  # type: ignore[attr-defined]
     assert tracer._instrumentation_scope.name == "t"  # type: ignore[attr-defined]
-    assert tracer._is_enabled()  # type: ignore[attr-defined]
-    end = tracer._tracer_metrics.start_span(None, _sdk.Decision.RECORD_AND_SAMPLE)  # type: ignore[attr-defined]
-    assert callable(end)
+    if SDK_MINOR >= 40:
+        assert tracer._is_enabled()  # type: ignore[attr-defined]
+        end = tracer._tracer_metrics.start_span(None, _sdk.Decision.RECORD_AND_SAMPLE)  # type: ignore[attr-defined]
+        assert callable(end)
+    else:  # the span metrics are started only where the SDK has them
+        assert not hasattr(tracer, "_tracer_metrics")
+        assert _sdk._start_span_metrics(tracer, None, _sdk.Decision.RECORD_AND_SAMPLE)() is None
     # the hooks a processor behind streamjudge's may have, and where a multi-processor keeps its own
     multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
     multi.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
@@ -109,7 +123,22 @@ def test_what_ended_spans_read_off_the_tracer_is_still_there() -> None:
             return None
 
     multi.add_span_processor(Hooked())
-    assert not _sdk.acts_only_on_end(multi)
+    # an SDK without the hook never calls it: the processor still acts only on a span's end
+    assert _sdk.acts_only_on_end(multi) is not _sdk.HAS_ON_ENDING
+
+
+def test_the_sdk_features_probed_per_version_match_the_installed_sdk() -> None:
+    """Each SDK minor of the supported range takes the path its features allow (docs/compatibility.md)."""
+    from opentelemetry.trace import TraceFlags
+
+    assert SDK_MINOR >= 38 and API_MINOR >= 38  # the oldest of the range in pyproject.toml
+    assert _sdk.HAS_ON_ENDING is (SDK_MINOR >= 40)
+    assert _sdk._SPAN_END_METRICS is (SDK_MINOR >= 40)
+    assert _sdk.BATCH_TAKES_METER_PROVIDER is (SDK_MINOR >= 41)
+    assert bool(_sdk.RANDOM_TRACE_ID_FLAG) is (API_MINOR >= 42)
+    if API_MINOR >= 42:
+        assert _sdk.RANDOM_TRACE_ID_FLAG == TraceFlags.RANDOM_TRACE_ID  # type: ignore[attr-defined]
+        assert _sdk._random_root_id(TracerProvider().get_tracer("t"))
 
 
 def test_a_live_span_has_every_field_of_the_sdks_span() -> None:
@@ -124,10 +153,24 @@ def test_a_live_span_has_every_field_of_the_sdks_span() -> None:
     assert type(live._events) is type(sdk_span._events)  # type: ignore[attr-defined]
     assert live._attributes._dict == {"a": 1}  # type: ignore[attr-defined]  # the store LiveSpan fills
     assert not live._attributes._immutable  # type: ignore[attr-defined]
-    assert callable(tracer.id_generator.is_trace_id_random)  # type: ignore[attr-defined]
+    if API_MINOR >= 42:
+        assert callable(tracer.id_generator.is_trace_id_random)  # type: ignore[attr-defined]
+
+
+def test_streamjudges_discarding_downstream_reports_its_flush_done_on_every_sdk() -> None:
+    # the SDK's base processor returns None from force_flush before 1.42: a runtime without an exporter
+    # would report every flush as failed there
+    from streamjudge.runtime import _Discard
+
+    assert _Discard().force_flush(1) is True
 
 
 def test_where_exporters_sit_and_the_batch_processors_drops_are_still_reachable() -> None:
+    if SDK_MINOR < 41:  # no metrics object on the batch processor: its drops cannot be reported
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor as _BSP
+
+        assert not _sdk.report_batch_losses(_BSP(InMemorySpanExporter()), lambda n, why: None)
+        return
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = TracerProvider()
@@ -173,6 +216,11 @@ def test_a_vendor_processors_filter_is_where_it_is_read() -> None:
 
 
 def test_counting_the_batch_queue_keeps_what_was_queued_and_its_order() -> None:
+    if SDK_MINOR < 41:  # no metrics object on the batch processor: its drops cannot be reported
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor as _BSP
+
+        assert not _sdk.report_batch_losses(_BSP(InMemorySpanExporter()), lambda n, why: None)
+        return
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     provider = TracerProvider()

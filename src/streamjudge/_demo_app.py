@@ -105,7 +105,7 @@ def _check_app_modules() -> None:
     missing = [m for m in APP_MODULES if importlib.util.find_spec(m) is None]
     if missing:
         raise DemoUnavailable(
-            f"the example app needs {', '.join(missing)}: pip install 'streamjudge[langgraph,fastapi]'"
+            f"the example app needs {', '.join(missing)}: pip install 'streamjudge[examples]'"
         )
 
 

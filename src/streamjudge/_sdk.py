@@ -5,10 +5,16 @@ was added; streamjudge needs all four (to own the export path behind the distro,
 processor, to replace itself on a second ``configure()``). ``tests/test_sdk_private_api.py`` pins what is
 used here, so an SDK upgrade that changes it fails loudly in one test rather than silently in production.
 Instrumentation suppression uses the public ``suppress_instrumentation`` / ``is_instrumentation_enabled``.
+
+SDK minors inside the supported range (``pyproject.toml``) differ here; each difference is probed once,
+below, and handled where it is used: 1.40 added the processors' ``_on_ending`` hook and the SDK's own span
+metrics (``tracer._tracer_metrics``, a span's ``_record_end_metrics``); 1.42 the W3C random trace-id flag
+(``TraceFlags.RANDOM_TRACE_ID``, ``IdGenerator.is_trace_id_random``).
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -123,12 +129,39 @@ def unwatch_span_processors(provider: SDKTracerProvider, callback: Callable[[Spa
             callbacks.remove(callback)
 
 
+#: whether the SDK calls a processor's ``_on_ending`` while a span ends (1.40+); before, only start and end
+HAS_ON_ENDING: bool = hasattr(SpanProcessor, "_on_ending")
+#: the W3C random trace-id flag's bit (API 1.42+); 0 where the API has none, so no span ever gets it
+RANDOM_TRACE_ID_FLAG: int = int(getattr(TraceFlags, "RANDOM_TRACE_ID", 0))
+# whether the SDK's span records the SDK's span metrics at its end (1.40+)
+_SPAN_END_METRICS = "record_end_metrics" in inspect.signature(Span.__init__).parameters
+#: whether the SDK's batch span processor takes a ``meter_provider`` for its own metrics (1.41+)
+BATCH_TAKES_METER_PROVIDER: bool = (
+    "meter_provider" in inspect.signature(BatchSpanProcessor.__init__).parameters)
+
 # hooks that do nothing: the SDK's base processor's and its two exporting processors' own
-_NOOP_HOOKS = frozenset({
-    SpanProcessor.on_start, SpanProcessor._on_ending,
-    BatchSpanProcessor.on_start, BatchSpanProcessor._on_ending,
-    SimpleSpanProcessor.on_start, SimpleSpanProcessor._on_ending,
-})
+_NOOP_HOOKS = frozenset(
+    hook for cls in (SpanProcessor, BatchSpanProcessor, SimpleSpanProcessor)
+    for hook in (cls.on_start, getattr(cls, "_on_ending", None)) if hook is not None
+)
+
+
+def _no_metrics() -> None:
+    return None
+
+
+def _start_span_metrics(tracer: Any, parent: SpanContext | None, decision: Decision) -> Callable[[], None]:
+    """The SDK's span metrics for a span starting now (1.40+); what to call at its end."""
+    metrics = getattr(tracer, "_tracer_metrics", None)
+    return _no_metrics if metrics is None else metrics.start_span(parent, decision)  # type: ignore[no-any-return]
+
+
+def _random_root_id(tracer: Any) -> bool:
+    """Whether a root span's trace id from ``tracer``'s generator carries the random flag (API 1.42+)."""
+    if not RANDOM_TRACE_ID_FLAG:
+        return False
+    is_random = getattr(tracer.id_generator, "is_trace_id_random", None)
+    return bool(is_random()) if is_random is not None else False
 
 
 def acts_only_on_end(processor: SpanProcessor | None) -> bool:
@@ -139,15 +172,15 @@ def acts_only_on_end(processor: SpanProcessor | None) -> bool:
     if isinstance(processor, (SynchronousMultiSpanProcessor, ConcurrentMultiSpanProcessor)):
         return all(acts_only_on_end(p) for p in processor._span_processors)
     cls = type(processor)
-    return cls.on_start in _NOOP_HOOKS and cls._on_ending in _NOOP_HOOKS
+    return cls.on_start in _NOOP_HOOKS and (not HAS_ON_ENDING or cls._on_ending in _NOOP_HOOKS)
 
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
+_SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | RANDOM_TRACE_ID_FLAG)
 # a span's flags, by value: TraceFlags is an int, as immutable as one, and the GC tracks each instance (an
 # int subclass has a __dict__), so a stream span shares these instead of keeping one of its own
 _FLAGS = {int(f): f for f in (TraceFlags(TraceFlags.DEFAULT), _SAMPLED,
-                              TraceFlags(TraceFlags.RANDOM_TRACE_ID), _SAMPLED_RANDOM)}
+                              TraceFlags(RANDOM_TRACE_ID_FLAG), _SAMPLED_RANDOM)}
 _UNSET = Status(StatusCode.UNSET)
 # what the SDK gives an event added without attributes: an empty mapping that can never change, so one
 # serves every such event
@@ -242,11 +275,11 @@ class EndedSpans:
             final = dict(result.attributes)
         ctx = SpanContext(
             pctx.trace_id, tracer.id_generator.generate_span_id(), is_remote=False,
-            trace_flags=_SAMPLED_RANDOM if pctx.trace_flags.random_trace_id else _SAMPLED,
+            trace_flags=_SAMPLED_RANDOM if pctx.trace_flags & RANDOM_TRACE_ID_FLAG else _SAMPLED,
             trace_state=trace_state,
         )
         # the SDK's own span metrics (started, live) see the span start and end, as a live one's would
-        tracer._tracer_metrics.start_span(pctx, Decision.RECORD_AND_SAMPLE)()
+        _start_span_metrics(tracer, pctx, Decision.RECORD_AND_SAMPLE)()
         if more:
             final.update(more)
         return ReadableSpan(
@@ -272,11 +305,11 @@ class EndedSpans:
         parent = trace.get_current_span(context).get_span_context()
         if parent.is_valid:
             trace_id = parent.trace_id
-            random_id = parent.trace_flags.random_trace_id
+            random_id = bool(parent.trace_flags & RANDOM_TRACE_ID_FLAG)
             parent_ctx: SpanContext | None = parent
         else:
             trace_id = tracer.id_generator.generate_trace_id()
-            random_id = tracer.id_generator.is_trace_id_random()
+            random_id = _random_root_id(tracer)
             parent_ctx = None
         sampler = tracer.sampler
         if _records_and_samples(sampler, parent_ctx):  # its answer is known without asking it
@@ -289,10 +322,10 @@ class EndedSpans:
         sampled = decision is Decision.RECORD_AND_SAMPLE
         flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
         if random_id:
-            flags |= TraceFlags.RANDOM_TRACE_ID
+            flags |= RANDOM_TRACE_ID_FLAG
         ctx = SpanContext(trace_id, tracer.id_generator.generate_span_id(), is_remote=False,
                           trace_flags=_FLAGS[flags], trace_state=trace_state)
-        end_metrics = tracer._tracer_metrics.start_span(parent_ctx, decision)
+        end_metrics = _start_span_metrics(tracer, parent_ctx, decision)
         if not sampled and decision is not Decision.RECORD_ONLY:
             return trace.NonRecordingSpan(ctx)
         return LiveSpan(tracer, name, ctx, parent_ctx, given, start_ns, end_metrics)
@@ -355,7 +388,8 @@ class LiveSpan(Span):
         # more for the cyclic GC to track per live stream)
         self._events = _NONE_YET
         self._links = _NONE_YET
-        self._record_end_metrics = end_metrics
+        if _SPAN_END_METRICS:  # an older SDK's span has no such field (its end records no metrics)
+            self._record_end_metrics = end_metrics
         if attributes:
             self.set_attributes(attributes)
 
@@ -459,15 +493,18 @@ class _LossMetrics:
     def register_queue_size(self, get_queue_size: Callable[[], int]) -> None:
         self.inner.register_queue_size(get_queue_size)
 
-    def drop_items(self, count: int, error_type: str = "queue_full") -> None:
+    # the SDK's arguments are passed on as given: 1.40-1.41 call drop_items(count) and
+    # finish_items(count, error), later ones drop_items(count, error_type) and finish_items(count)
+    def drop_items(self, count: int, *args: Any, **kwargs: Any) -> None:
+        error_type = args[0] if args else kwargs.get("error_type", "queue_full")
         try:
             if error_type != "queue_full" or self.queue_full:
                 self.on_lost(count, error_type)
         finally:
-            self.inner.drop_items(count, error_type)
+            self.inner.drop_items(count, *args, **kwargs)
 
-    def finish_items(self, count: int) -> None:
-        self.inner.finish_items(count)
+    def finish_items(self, count: int, *args: Any, **kwargs: Any) -> None:
+        self.inner.finish_items(count, *args, **kwargs)
 
 
 class _LossQueue(deque[Any]):

@@ -52,6 +52,9 @@ class _Discard(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         return None
 
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True  # nothing is held; the SDK's base class says None before 1.42, which reads as failed
+
 
 class Runtime:
     """Everything one process needs to judge streams. Build it with :func:`configure`."""

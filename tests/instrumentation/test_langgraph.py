@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from streamjudge.results import Verdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "adaptive_rag"))
 import rag
+
+LANGGRAPH_MAJOR = int(version("langgraph").split(".")[0])
 
 
 def _run(graph: object, question: str, hallucinate: bool = False) -> str:
@@ -220,7 +223,10 @@ def test_the_model_tap_joins_the_windows_of_a_chunk_burst(harness, monkeypatch) 
         inst.uninstrument()
     (burst, burst_sentences), (paced, paced_sentences) = counts["0"], counts["2"]
     assert burst_sentences == paced_sentences == paced > 1
-    assert burst < paced
+    if LANGGRAPH_MAJOR >= 1:
+        assert burst < paced
+    else:  # LangGraph 0.x hands each chunk over with a loop pass between them: there is no burst to join
+        assert burst <= paced
 
 
 @pytest.mark.parametrize("mode", ["stream_first", "hold_back"])  # hold-back: the tap races chunks
@@ -358,7 +364,8 @@ def test_a_graph_without_an_answer_node_says_so_once_per_route(harness, caplog) 
     g.add_node("respond", respond)
     g.add_edge(START, "respond")
     g.add_edge("respond", END)
-    graph = g.compile(name="support_bot")
+    graph = g.compile()
+    graph.name = "support_bot"  # what compile(name=...) sets; LangGraph 0.2's compile takes no name
     rt = harness.configure()
     caplog.set_level(logging.INFO, logger="streamjudge.instrumentation._chains")
     inst = StreamJudgeInstrumentor()

@@ -133,6 +133,8 @@ def test_a_backend_recovering_from_503_gets_every_span_exactly_once() -> None:
         assert _failed(bsp) == 0
 
 
+@pytest.mark.skipif(not _sdk.BATCH_TAKES_METER_PROVIDER,
+                    reason="SDK < 1.41: its batch processor reports no drops (docs/compatibility.md)")
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("fault", ["down", "hang"])
 def test_an_outage_longer_than_the_batch_queue_counts_every_span_it_drops(fault: str) -> None:

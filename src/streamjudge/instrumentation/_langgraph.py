@@ -609,8 +609,8 @@ def _is_node_run(tracer: Any, run: Any) -> str | None:
     extra = getattr(run, "extra", None) or {}
     meta = extra.get("metadata") if isinstance(extra, Mapping) else None
     node = meta.get("langgraph_node") if isinstance(meta, Mapping) else None
-    if not isinstance(node, str) or run.name != node:
-        return None
+    if not isinstance(node, str) or run.name != node or node.startswith("__"):
+        return None  # LangGraph's own __start__ (a visible run in 0.2) is no node of the app
     parent_id = getattr(run, "parent_run_id", None)
     if parent_id is not None:
         parent = tracer.run_map.get(str(parent_id))

@@ -16,8 +16,9 @@ from typing import Any, Final
 
 from streamjudge.config import DEFAULT_TERMINAL_FRAMES, TERMINAL_FRAME_KINDS
 
-#: event names whose payload is answer text (None = an unnamed frame, which EventSource calls "message")
-DEFAULT_TOKEN_EVENTS: frozenset[str | None] = frozenset({None, "message", "token", "delta", "chunk"})
+#: event names whose payload is answer text (None = an unnamed frame, which EventSource calls "message";
+#: langserve's ``/stream`` sends its chunks as ``event: data``)
+DEFAULT_TOKEN_EVENTS: frozenset[str | None] = frozenset({None, "message", "token", "delta", "chunk", "data"})
 #: keys tried, in order, in JSON payloads when no ``sse_token_field`` is configured
 DEFAULT_TOKEN_KEYS: tuple[str, ...] = ("token", "content", "delta", "text", "chunk")
 #: event names that mark the end of one answer (used on WebSockets, where one connection carries many)
@@ -327,7 +328,7 @@ def make_token_extractor(
     ``token_field`` is a dot-separated path into JSON ``data`` (``choices.0.delta.content`` for
     OpenAI-style chunks); without it the first of :data:`DEFAULT_TOKEN_KEYS` present is used. Frames whose
     event is not in ``token_events`` (None = any event) carry no token. Non-JSON ``data`` of a token event
-    is the token itself.
+    is the token itself; ``data`` that is a JSON string (``data: "token"``, langserve's form) is decoded.
     """
     return FrameTokenExtractor(tuple(token_field.split(".")) if token_field else None, token_events)
 
@@ -354,7 +355,7 @@ class FrameTokenExtractor:
         data = frame.data
         if not data or data == "[DONE]":
             return None
-        if data[0] not in "{[":
+        if data[0] not in '{["':
             return data
         payload = _decode_json(data, self.skipped)
         if payload is _NOT_JSON:
@@ -504,7 +505,10 @@ class JSONLinesParser:
 
 
 def extract_from_json(payload: Any, path: tuple[str, ...] | None) -> str | None:
-    """The token in a decoded JSON message: at ``path`` or under the first default key present."""
+    """The token in a decoded JSON message: at ``path``, under the first default key present, or the message
+    itself when it is a JSON string (``"token"``: the quotes are JSON's, not the answer's)."""
+    if isinstance(payload, str):
+        return payload if path is None and payload else None
     if path is not None:
         value = _lookup(payload, path)
         return value if isinstance(value, str) and value else None

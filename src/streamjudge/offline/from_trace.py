@@ -9,13 +9,17 @@ Each answer span (``streamjudge.span.type = stream``) becomes one case:
 - ``answer``: ``streamjudge.answer`` (recorded when content capture is on), else the span's OpenInference
   ``output.value``. A span without it, or whose text was capped for display (its recorded sha256 does not
   match), is skipped and the reason is reported: a shortened answer would replay as another answer.
-- ``question``: ``streamjudge.question``, else the ``input.value`` of the trace's root graph span.
+- ``question``: ``streamjudge.question``, else the ``input.value`` of the trace's root graph span (its
+  ``question`` / ``query`` / ``input`` key, or its ``messages``' last user message).
 - ``contexts``: the trace's contexts are registered in process, not copied onto spans, so they are
   recovered from what the trace does carry, in this order: ``streamjudge.contexts`` on the answer span
-  (present when the final pass was deferred); else the latest span that ended before the answer started
-  and carries retrieved passages — a retriever span's ``retrieval.documents.N.document.content``
-  (OpenInference) or a node's ``output.value`` JSON holding documents / strings under ``documents``,
-  ``contexts``, ``context``, ``docs``, ``retrieved`` or ``sources`` (LangChain / OpenInference). A later
+  (present when the final pass was deferred); else the latest span that ended before the answer's last
+  model call started (the call that wrote it: in a ReAct agent the answer span starts with the agent's
+  first call, and retrieval runs in a tool between the two; the answer's own start when the trace
+  records no model call inside it) and carries retrieved passages — a retriever span's
+  ``retrieval.documents.N.document.content`` (OpenInference) or a node's ``output.value`` JSON holding
+  documents / strings under ``documents``, ``contexts``, ``context``, ``docs``, ``retrieved`` or
+  ``sources`` (LangChain / OpenInference). A later
   list replaces an earlier one, as the instrumentation does (a grader's kept documents replace the
   retriever's). When the span recorded ``streamjudge.contexts.count``, the latest candidate of that size
   is taken.
@@ -43,6 +47,9 @@ _RETRIEVAL_PREFIX = "retrieval.documents."
 _RETRIEVAL_SUFFIX = ".document.content"
 _INPUT_VALUE = "input.value"
 _OUTPUT_VALUE = "output.value"
+#: what marks a model call: OpenInference's span kind, or the GenAI conventions' operation
+_MODEL_KIND = "LLM"
+_MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 
 
 class TraceFormatError(ValueError):
@@ -290,6 +297,19 @@ def _candidates(trace: Sequence[TraceSpan], before_ns: int) -> list[tuple[int, s
     return found
 
 
+def _is_model_call(s: TraceSpan) -> bool:
+    a = s.attributes
+    return (a.get(semconv.OPENINFERENCE_SPAN_KIND) == _MODEL_KIND
+            or a.get(semconv.GEN_AI_OPERATION_NAME) in _MODEL_OPERATIONS)
+
+
+def _contexts_cutoff(span: TraceSpan, trace: Sequence[TraceSpan]) -> int:
+    """When the answer's contexts were fixed: the start of the last model call that started while the
+    answer span was open (the call that wrote the answer), else the answer span's own start."""
+    return max((s.start_ns for s in trace
+                if span.start_ns <= s.start_ns <= span.end_ns and _is_model_call(s)), default=span.start_ns)
+
+
 def _question(span: TraceSpan, trace: Sequence[TraceSpan]) -> str:
     q = span.attributes.get(semconv.STREAM_QUESTION)
     if isinstance(q, str):
@@ -312,7 +332,29 @@ def _question(span: TraceSpan, trace: Sequence[TraceSpan]) -> str:
             for key in ("question", "query", "input", "q"):
                 if isinstance(state.get(key), str):
                     return str(state[key])
+            asked = _last_human(state.get("messages"))
+            if asked is not None:
+                return asked
     return last
+
+
+_HUMAN = frozenset({"user", "human"})
+
+
+def _last_human(messages: Any) -> str | None:
+    """The text of the last user message of a chat state's ``messages``: ``["user", text]`` pairs,
+    ``{"role": "user", "content": text}`` or LangChain's (serialised) ``HumanMessage``."""
+    if not isinstance(messages, list):
+        return None
+    for m in reversed(messages):
+        if isinstance(m, list) and len(m) == 2 and m[0] in _HUMAN and isinstance(m[1], str):
+            return str(m[1])
+        if isinstance(m, dict):
+            if isinstance(m.get("kwargs"), dict):
+                m = m["kwargs"]
+            if (m.get("role") in _HUMAN or m.get("type") in _HUMAN) and isinstance(m.get("content"), str):
+                return str(m["content"])
+    return None
 
 
 def _expectation(attrs: Mapping[str, Any]) -> tuple[bool | None, str]:
@@ -370,7 +412,7 @@ def _extract_one(span: TraceSpan, trace: Sequence[TraceSpan], case_id: str) -> E
     contexts: list[str] | None = _string_list(a.get(semconv.STREAM_CONTEXTS))
     source = semconv.STREAM_CONTEXTS if contexts is not None else ""
     if contexts is None:
-        found = _candidates(trace, span.start_ns)
+        found = _candidates(trace, _contexts_cutoff(span, trace))
         pick = next((c for c in found if want is None or len(c[2]) == want), found[0] if found else None)
         if pick is not None:
             source, contexts = pick[1], pick[2]

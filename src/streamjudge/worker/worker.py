@@ -143,8 +143,12 @@ def batch_processor(exporter: SpanExporter, meter_provider: MeterProvider) -> Ba
     queue = None if os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") else 65_536
     counted = exporter if isinstance(exporter, CountingSpanExporter) else CountingSpanExporter(
         exporter, meter_provider=meter_provider)
-    bsp = BatchSpanProcessor(counted, schedule_delay_millis=delay, max_queue_size=queue,
-                             meter_provider=meter_provider)
+    # the SDK's own batch metrics go to the worker's meter provider where the SDK takes one (1.41+)
+    if _sdk.BATCH_TAKES_METER_PROVIDER:
+        bsp = BatchSpanProcessor(counted, schedule_delay_millis=delay, max_queue_size=queue,
+                                 meter_provider=meter_provider)
+    else:
+        bsp = BatchSpanProcessor(counted, schedule_delay_millis=delay, max_queue_size=queue)
     _sdk.report_batch_losses(bsp, counted.count_lost)  # what its full queue drops is lost too
     return bsp
 
