@@ -344,7 +344,7 @@ class LiveSpan(Span):
     the processors' start hooks (all do nothing there), the cleaning of values known to need none.
 
     A stream span lives as long as its answer and is streamjudge's largest cost per stream: made, given its
-    dozen attributes at the end, an event and ended through the tracer, it was 50-65 µs of the app's loop
+    dozen attributes at the end, an event and ended through the tracer, it costs 50-65 µs of the app's loop
     per stream with 500 streams live (``benchmarks/bench_scale.py``), where every stream's start is
     another's late token. It is the SDK's own class, so whoever holds it (``GuardSession.span`` is public)
     sees the SDK's span: every method but the three below is the SDK's, and its end is the SDK's end (the

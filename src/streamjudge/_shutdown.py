@@ -4,7 +4,7 @@ The OpenTelemetry SDK flushes its exporters from an ``atexit`` handler, which ru
 normally (``sys.exit``, ``KeyboardInterrupt``), not when a signal's default action kills the process.
 A single-process uvicorn catches SIGTERM, shuts its server down gracefully, restores the handlers it
 found and raises SIGTERM again: the process dies by the signal and every span still waiting for its final
-judgement, or in an exporter's queue, is lost (0 of 20 in issue 10).
+judgement, or in an exporter's queue, is lost.
 
 :func:`install_signal_drain` puts a handler for SIGTERM in front of whatever handles it, and keeps it
 there: ``signal.signal`` is wrapped so that a handler installed later (uvicorn's, asyncio's) becomes the
@@ -291,8 +291,8 @@ _exit_drain_installed = False
 def install_exit_drain(runtime: Runtime | Callable[[], Runtime | None] | None = None,
                        *, timeout_s: float | None = None) -> None:
     """Drain within the deadline at interpreter exit too (``sys.exit``, end of the script, Ctrl+C),
-    before the SDK's own atexit shutdown, which has no overall deadline (7.6 s after SIGINT in issue 10,
-    35 s after a 3,000-stream run). Only the runtime is drained: the providers' own atexit handlers run
+    before the SDK's own atexit shutdown, which has no overall deadline (it can take tens of seconds after
+    a large run). Only the runtime is drained: the providers' own atexit handlers run
     after it, with the runtime's spans already exported. Idempotent.
     """
     global _exit_drain_installed

@@ -50,10 +50,10 @@ _SHARE_STEP = 0.1
 # for a judge whose calls go out in batches (``batches_calls``: a worker process's), a throttled dispatcher
 # sleeps until its debt is this much below the burst, not just back at it: it then starts the several jobs
 # queued meanwhile in one pass, whose calls go out in one pipe write and come back together. Woken at the
-# burst line it started one job per sleep, and each job paid its own write, reply read and loop passes:
-# measured, 2000 checkpoints queued with the judge in one worker, the pool thread's CPU per call 290-430 ->
-# 150-225 us and checkpoints/s 1.7-2.4x at the same share. A judge in this thread gains nothing from it
-# (each call is its own CPU) and would hold the GIL for several calls in a row: it keeps waking at the line
+# burst line it would start one job per sleep, and each job would pay its own write, reply read and loop
+# passes, about doubling the pool thread's CPU per call under a full queue. A judge in this thread gains
+# nothing from it (each call is its own CPU) and would hold the GIL for several calls in a row: it keeps
+# waking at the line
 _RESUME_S = 0.002
 # what every judge call runs in (see JudgePool._run)
 _QUIET = _sdk.quiet_context()

@@ -567,10 +567,10 @@ class _WorkerGroup:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         # the package's __init__ is not run when the worker starts: it imports the instrumentation and the
-        # OpenTelemetry SDK, which a worker does not use (measured: its start 0.27 -> 0.12 s, 387 -> 171
-        # modules), and a worker that "auto" starts under load judges nothing until it is up. The package
-        # module is made from its spec, unexecuted, so its submodules import as usual; _worker_main runs
-        # the __init__ the first time something asks the package for a name it defines (a user's judge)
+        # OpenTelemetry SDK, which a worker does not use (they would double its start-up time and the
+        # modules it loads), and a worker that "auto" starts under load judges nothing until it is up. The
+        # package module is made from its spec, unexecuted, so its submodules import as usual; _worker_main
+        # runs the __init__ the first time something asks the package for a name it defines (a user's judge)
         boot = (
             "import sys, json, importlib.util as u; sys.path[:0] = json.loads(sys.argv[1]); "
             "s = u.find_spec('streamjudge'); sys.modules['streamjudge'] = u.module_from_spec(s); "
