@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                 # the judge's own work on the pool's thread, per token streamed
                 results[f"{key}_other_threads_per_token"] = round(
                     (r["other_threads"] - base["other_threads"]) / tokens)
-    # issue 13's CPU goals for the token path, counted: sampled out at most 1.5x the bare loop, judged (the
+    # the CPU goals for the token path, counted: sampled out at most 1.5x the bare loop, judged (the
     # local judge on) at most 2x on the token's thread; to the last token, for both sources
     goals = {
         "goal_sampled_out_le_1.5x_bare": all(
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{results[f'{s}_local_other_threads_per_token']} instructions per token")
     from run import print_goals
 
-    print_goals(goals, "== goals (issue 13's CPU goals, counted instead of timed; instructions are not time -"
+    print_goals(goals, "== goals (CPU goals, counted instead of timed; instructions are not time -"
                        " cache\n   misses, the GIL - and run.py has the microseconds)")
     return 0
 

@@ -22,7 +22,7 @@ Spans go to a local OTLP/HTTP sink that answers 200 without decoding (so the cli
 Tokens are produced without delay, so the numbers measure CPU overhead per request (the worst case). Per
 concurrency it prints requests/s and the server's CPU per request (user + system time of the server process
 over the measured window), each as a ratio against ``openinference`` in the same repeat: the median and
-the spread (min-max) over repeats. Goals (issue 13): streamjudge's requests/s >= 0.95x openinference alone,
+the spread (min-max) over repeats. Goals: streamjudge's requests/s >= 0.95x openinference alone,
 and its CPU per request <= the Langfuse handler's, at 4 and at 32 clients.
 
     python benchmarks/bench_instrumentation.py [--seconds 8] [--concurrency 4 32] [--repeat 2] [--json]

@@ -53,7 +53,7 @@ cyclic GC's pauses during the run (all generations, and in brackets the whole-he
 every stream, so it shows in the ratio as it is) with the objects per stream the finished streams left to
 it (in reference cycles: ~0 when a finished stream is freed by refcounting), the collections of each
 generation during the run (each run starts from the same collector state: see the child's comment), and
-the spread (min-max) over repeats. Then issue 13's goals, met or NOT met, from the medians over the repeats:
+the spread (min-max) over repeats. Then the scale goals, met or NOT met, from the medians over the repeats:
 at 500 streams the defaults' tokens/s >= 0.99x bare over the whole run (``done`` included) and ITL p99
 <= 1.2x bare; at 200, every checkpoint judged on its own (none dropped, failed or merged).
 """
@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     if goals:
         from run import print_goals
 
-        print_goals(goals, "== goals (issue 13: the defaults against bare, medians over the repeats)")
+        print_goals(goals, "== goals (the defaults against bare, medians over the repeats)")
     return 0
 
 

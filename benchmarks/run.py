@@ -318,7 +318,7 @@ async def io_loop_cpu(streams: Streams, delay: float, guarded: bool) -> float:
 def bench_io_source(
     samples: list[tuple[str, str, bool]], repeats: int, delay: float = 0.0005
 ) -> dict[str, Any]:
-    """The hot path's CPU goal with a token source woken by I/O (issue 13 asks for one): the same chat-length
+    """The hot path's CPU goal with a token source woken by I/O: the same chat-length
     answers as the hot path, 2,000 tokens/s from another process, defaults (the local judge). The bare loop
     here pays what an app pays per token it reads (the wake-up, the read, the decoding), which a loop pass
     per token (``yielding``) leaves out; plain and guarded runs alternate, each figure the best of
@@ -581,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in part.items():
                 print(f"   {k:<40} {v}")
     goals = {
-        # issue 13: with the local judge on, at most 1 us of wall time added per token at full speed
+        # the goal: with the local judge on, at most 1 us of wall time added per token at full speed
         "goal_judged_overhead_le_1us_per_token": results["per_token_overhead_us"] <= 1.0,
         "goal_sampled_out_cost_le_1.5x_bare": results["hot_path_cost_vs_bare_sampled_out"] <= 1.5,
         # the same two for a loop pass per token, as a model read over the network is (each window its own

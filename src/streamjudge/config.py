@@ -187,8 +187,8 @@ class Settings:
     judge_cpu_share: float = 0.15
     judge_cpu_share_max: float = 0.0  # <= judge_cpu_share (the default): a fixed cap
     # seconds the idle judge pool keeps polling (1 ms ticks) for the next job before it sleeps. Off by
-    # default: measured, it no longer lowered time to alert (2.8-3.0 ms p50 either way) and under load each
-    # tick takes the GIL from request handling (9% fewer requests/s at saturation with 0.05)
+    # default: it does not lower time to alert, and under load each tick takes the GIL from request handling
+    # (docs/performance.md has the figures)
     judge_linger_s: float = 0.0
     # worker processes for a CPU-bound judge (`local`, `model`): judging runs on other cores instead of
     # taking the app's GIL; 0 = in the judge pool's thread. "auto": the local judge runs in the pool's thread

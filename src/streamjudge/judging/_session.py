@@ -90,7 +90,7 @@ class StreamEvent(NamedTuple):
 # come from its model's vocabulary, so most are tokens some stream already sent (0.84-0.88 of a run's tokens
 # in ``benchmarks/run.py``'s answers, each its own text). Looking one up costs a dict probe where making it
 # costs a tuple subclass's allocation through ``tuple.__new__`` and its release (~0.15 µs a token, a sixth of
-# the 1 µs a token that issue 13 allows). Bounded: at most _TOKEN_EVENTS_MAX tokens of at most
+# the 1 µs a token the judged path may add). Bounded: at most _TOKEN_EVENTS_MAX tokens of at most
 # _TOKEN_EVENT_CHARS chars (under 1 MB), emptied when full, so a run of rare tokens cannot pin one set
 _TOKEN_EVENTS: dict[str, StreamEvent] = {}
 _TOKEN_EVENTS_MAX = 4096
@@ -154,9 +154,9 @@ class GuardSession:
     the session leaves to it, under a lock of their own that :meth:`finish` and :meth:`abort` take too.
     """
 
-    # slots: with 60 attributes, past the 30 CPython's shared instance-dict keys hold, each session had a dict
-    # of its own (1,640 bytes per live stream against 472 now), and every read on the token path a dict
-    # lookup instead of a slot load (judged: 63.1k -> 62.7k instructions per token)
+    # slots: past the 30 keys CPython's shared instance dicts hold, each session would have a dict of its own
+    # (about three times the bytes per live stream) and every read on the token path a dict lookup instead
+    # of a slot load
     __slots__ = (
         "_backend",
         "_defer",
