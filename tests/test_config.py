@@ -278,3 +278,12 @@ def test_a_judge_llm_setting_in_code_is_checked_like_its_variable() -> None:
     with pytest.raises(ConfigError, match="input_cost_per_mtok=-1"):
         config.JudgeLLMSettings(input_cost_per_mtok=-1)
     assert config.JudgeLLMSettings(timeout_s=5).timeout_s == 5
+
+
+def test_the_scale_out_gateway_s_variables_are_not_warned_as_unknown(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"STREAMJUDGE_GATEWAY_OTLP_GRPC_ENDPOINT": "127.0.0.1:4317",
+           "STREAMJUDGE_WORKER_ENDPOINTS": "w1:4317", "STREAMJUDGE_WORKER_RETRY_MAX_ELAPSED": "30s",
+           "STREAMJUDGE_GATEWAY_TYPO_THAT_IS_STILL_A_GATEWAY_VAR": "x"}
+    with caplog.at_level(logging.WARNING, logger="streamjudge"):
+        load_settings(env)
+    assert not [r for r in caplog.records if "unknown variable" in r.getMessage()]

@@ -775,8 +775,10 @@ _OTHER_VARS: frozenset[str] = frozenset({
     "STREAMJUDGE_JAEGER", "STREAMJUDGE_PROMETHEUS", "STREAMJUDGE_PROMTOOL", "STREAMJUDGE_ALERTMANAGER",
     "STREAMJUDGE_AMTOOL", "STREAMJUDGE_PHOENIX_PYTHON",
     "STREAMJUDGE_WORKER_BEARER_TOKEN",  # streamjudge worker: the token its receivers require
+    # the scale-out gateway's collector config (collector/): set beside the app in one pod's environment
+    "STREAMJUDGE_WORKER_ENDPOINTS", "STREAMJUDGE_WORKER_RETRY_MAX_ELAPSED",
 })
-_OTHER_PREFIXES: tuple[str, ...] = ("STREAMJUDGE_COLLECTOR_",)
+_OTHER_PREFIXES: tuple[str, ...] = ("STREAMJUDGE_COLLECTOR_", "STREAMJUDGE_GATEWAY_")
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
